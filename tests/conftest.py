@@ -1,0 +1,58 @@
+"""Shared test setup: the `gpu` marker skips cleanly on machines without CUDA."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+
+
+@functools.cache
+def cuda_available() -> bool:
+    if not os.path.exists("/dev/nvidiactl"):  # no driver: skip without paying for `import torch`
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tmp_path_factory):
+    """The locally built tiny tokenizer (no downloads), once per test session."""
+    from agentcore.tiny_tokenizer import build_tiny_tokenizer
+
+    return build_tiny_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def renderer(tiny_tokenizer_dir):
+    from agentcore.chat import ChatRenderer
+    from agentcore.tiny_tokenizer import load_tokenizer
+    from agentcore.toolparse import tool_schemas
+
+    return ChatRenderer(load_tokenizer(tiny_tokenizer_dir), tool_schemas(), "hermes")
+
+
+@pytest.fixture
+def workspace_root():
+    """A directory the sandbox's unprivileged uid can traverse (pytest's tmp_path is mode 700)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    path = Path(tempfile.mkdtemp(prefix="cuda-agent-ws-"))
+    path.chmod(0o711)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
