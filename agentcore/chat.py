@@ -38,6 +38,9 @@ _STUB_TOOLS = [{"type": "function", "function": {"name": "stub", "description": 
                 "parameters": {"type": "object", "properties": {}, "required": []}}}]
 
 
+_PROMPT_CACHE = 1024  # prompts kept (first in, first out)
+
+
 class TemplateDriftError(RuntimeError):
     """The chat template renders earlier turns differently once later turns are added."""
 
@@ -74,13 +77,25 @@ class ChatRenderer:
         self._boundaries = tuple(
             t.content for t in tokenizer.added_tokens_decoder.values() if not t.lstrip
         )
+        self._prompts: dict[tuple[Message, ...], list[int]] = {}
+        self._shapes: dict[tuple[tuple[str, str | None], ...], tuple[str, ...]] = {}
         self._check_observation_probe()
 
     # -- per-turn API ---------------------------------------------------------------------
 
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
-        """The first prompt: the whole conversation so far plus the generation prompt."""
-        return self._encode(self._render(messages, generation_prompt=True, tools=self.tools))
+        """The first prompt: the whole conversation so far plus the generation prompt.
+
+        Cached by the messages: the n samples of a task share their prompt, and a long prompt
+        (tool schemas, the task's source) costs milliseconds to render and tokenize."""
+        key = tuple(messages)
+        ids = self._prompts.get(key)
+        if ids is None:
+            ids = self._encode(self._render(messages, generation_prompt=True, tools=self.tools))
+            if len(self._prompts) >= _PROMPT_CACHE:
+                self._prompts.pop(next(iter(self._prompts)))
+            self._prompts[key] = ids
+        return list(ids)
 
     def close_turn(self, generated_ids: Sequence[int], finish_reason: FinishReason) -> list[int]:
         """Template glue after the sampled ids, so the stored turn equals the template's.
@@ -96,13 +111,49 @@ class ChatRenderer:
 
     def observation_ids(self, messages: Sequence[Message]) -> list[int]:
         """Ids of new tool/user messages plus the generation prompt, cut from BASE + messages."""
+        if self._boundaries:
+            delta = self._substituted_delta(messages)
+            if delta is not None:  # an added token splits tokenization at its start
+                return self._encode(delta)
         full = self._render((*BASE, *messages), generation_prompt=True, tools=self._obs_tools)
         if not full.startswith(self._base_text):
             raise TemplateDriftError(_drift_text(self._base_text, full, messages))
         delta = full[len(self._base_text) :]
-        if delta.startswith(self._boundaries):  # an added token splits tokenization here
+        if delta.startswith(self._boundaries):
             return self._encode(delta)
         return self._cut_ids(full, messages)
+
+    def _substituted_delta(self, messages: Sequence[Message]) -> str | None:
+        """The observation text without running the template: the literal pieces around each
+        message's content, learned once per shape (roles and names) from a render with marker
+        contents and checked against a second render with awkward contents. None where the
+        template transforms contents (strips, escapes) or the shape renders otherwise."""
+        shape = tuple((m.role, m.name) for m in messages)
+        pieces = self._shapes.get(shape)
+        if pieces is None:
+            pieces = self._shapes[shape] = self._learn_shape(messages) if len(self._shapes) < 512 else ()
+        if not pieces:
+            return None
+        out = [pieces[0]]
+        for message, piece in zip(messages, pieces[1:]):
+            out += (message.content, piece)
+        delta = "".join(out)
+        return delta if delta.startswith(self._boundaries) else None
+
+    def _learn_shape(self, messages: Sequence[Message]) -> tuple[str, ...]:
+        markers = [f"\x00MARK{i}\x00" for i in range(len(messages))]
+        delta = self._delta(_with_contents(messages, markers), self._obs_tools)
+        if delta is None or any(delta.count(m) != 1 for m in markers):
+            return ()
+        pieces, rest = [], delta
+        for marker in markers:
+            head, rest = rest.split(marker)
+            pieces.append(head)
+        pieces.append(rest)
+        awkward = [f"  \n{{x}} <y> {i}\n\n  " for i in range(len(messages))]
+        check = self._delta(_with_contents(messages, awkward), self._obs_tools)
+        joined = pieces[0] + "".join(c + p for c, p in zip(awkward, pieces[1:]))
+        return tuple(pieces) if check == joined else ()
 
     def assistant_text(self, generated_ids: Sequence[int]) -> str:
         """The turn's text for the parser and the assistant message: a trailing stop token dropped."""
@@ -200,6 +251,10 @@ def _fast_encoder(tokenizer: Any) -> Callable[[str], list[int]]:
     if backend is not None:
         return lambda text: backend.encode(text, add_special_tokens=False).ids
     return lambda text: tokenizer.encode(text, add_special_tokens=False)
+
+
+def _with_contents(messages: Sequence[Message], contents: Sequence[str]) -> list[Message]:
+    return [Message(role=m.role, name=m.name, content=c) for m, c in zip(messages, contents)]
 
 
 def _unique(*ids: int | None) -> tuple[int, ...]:

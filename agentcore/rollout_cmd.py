@@ -26,6 +26,7 @@ import msgspec
 import orjson
 from msgspec import Struct
 
+from agentcore import runtime
 from agentcore.chat import ChatRenderer
 from agentcore.kernel_env import FakeKernelEnv, KernelEnv
 from agentcore.orchestrator import Orchestrator, OrchestratorConfig, Resources, WorkItem
@@ -33,6 +34,7 @@ from agentcore.progress import show_progress
 from agentcore.rollout import RolloutConfig, RolloutRunner
 from agentcore.sandbox import Sandbox, SandboxConfig
 from agentcore.session import WorkspaceTools
+from agentcore.sglang import Router, SGLangClient, SGLangClientConfig, SGLangServer, SGLangServerConfig
 from agentcore.store import TrajectoryStore
 from agentcore.tasks import load_tasks
 from agentcore.tiny_tokenizer import load_tokenizer
@@ -60,6 +62,7 @@ class RolloutJob(Struct, frozen=True, kw_only=True):
     rollout: RolloutConfig = RolloutConfig()
     orchestrator: OrchestratorConfig = OrchestratorConfig()
     sandbox: SandboxConfig = SandboxConfig()
+    client: SGLangClientConfig = SGLangClientConfig()
     keep_workspaces: bool = False
 
 
@@ -79,6 +82,7 @@ def parse_args(argv: list[str]) -> RolloutJob:
     p.add_argument("--max-turns", type=int, default=150)
     p.add_argument("--max-context-tokens", type=int, default=131072)
     p.add_argument("--max-new-tokens", type=int, default=8192)
+    p.add_argument("--retry-budget-s", type=float, default=300.0, help="give up on a dead server after this")
     p.add_argument("--keep-workspaces", action="store_true")
     p.add_argument("--allow-unsandboxed", action="store_true", help="run bash without bwrap")
     a = p.parse_args(argv)
@@ -104,19 +108,12 @@ def parse_args(argv: list[str]) -> RolloutJob:
         ),
         orchestrator=OrchestratorConfig(workers=a.workers, model_slots=a.workers),
         sandbox=SandboxConfig(allow_unsandboxed=a.allow_unsandboxed),
+        client=SGLangClientConfig(retry_budget_s=a.retry_budget_s),
         keep_workspaces=a.keep_workspaces,
     )
 
 
 async def _engine(job: RolloutJob, stack: AsyncExitStack, tg):
-    from agentcore.sglang import (
-        Router,
-        SGLangClient,
-        SGLangClientConfig,
-        SGLangServer,
-        SGLangServerConfig,
-    )
-
     urls = list(job.urls)
     if job.launch_model:
         server = await stack.enter_async_context(
@@ -124,7 +121,7 @@ async def _engine(job: RolloutJob, stack: AsyncExitStack, tg):
         )
         urls.append(server.base_url)
     clients = [
-        await stack.enter_async_context(SGLangClient(SGLangClientConfig(base_url=u))) for u in urls
+        await stack.enter_async_context(SGLangClient(msgspec.structs.replace(job.client, base_url=u))) for u in urls
     ]
     if len(clients) == 1:
         return clients[0]
@@ -194,7 +191,11 @@ async def _stop_on_signal(scope: anyio.CancelScope) -> None:
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     job = parse_args(argv)
-    totals = anyio.run(run_job, job, backend="asyncio", backend_options={"use_uvloop": True})
+    try:
+        totals = runtime.run(run_job, job)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        print(f"cuda-agent rollout: {exc}", file=sys.stderr)
+        return 2
     print(orjson.dumps({"statuses": totals, "out": job.out}).decode())
     failed = totals.get(Status.FAILED.value, 0)
     return 1 if failed and failed == sum(totals.values()) else 0
