@@ -1,0 +1,599 @@
+"""`GpuQueue`: the async queue through which verify, profile, baseline and final-evaluation jobs
+reach the GPUs, one job per GPU at a time.
+
+What it is: one lane per GPU, each a `rewards.worker` process started in its own session with
+CUDA_VISIBLE_DEVICES pinned, optionally inside bubblewrap. `submit(job)` waits, first come first
+served, for a free lane (any lane, or the GPU asked for), runs the job under a watchdog and
+returns a `JobResult`. A worker that timed out, crashed or poisoned its CUDA context is killed
+with its whole process group and replaced in the background; the result goes back at once.
+
+What it is not: it knows nothing of what a job does (handlers do, see `rewards.jobs`), and it
+never touches CUDA itself, not even to count GPUs (a subprocess does that).
+
+Topology, one task group owned by `async with GpuQueue(config)`:
+
+    submit() --acquire--> _Dispatcher: free lanes + FIFO of waiters (a pinned one takes only its lane)
+       |                    ^ release: job done, worker healthy    ^ release: fresh worker ready
+       +-- holds the lane: Job frame --> worker [bwrap] --> handler(payload, ctx) --> JobResult frame
+    task group
+       +-- one task per lane: start worker, release lane, wait until the worker is retired, repeat
+             +-- per worker: stderr drain (bounded tail), exit watcher
+
+The sandbox (`sandbox=True`): the host filesystem read-only, a private read-only /tmp, the lane's
+scratch dir the only writable place, `hidden_paths` covered, no network, private pid/ipc/uts/user
+namespaces, the GPU device nodes bound, a filtered environment. Each worker keeps one sandbox for
+its lifetime, so per-job inputs travel in `Job.files` rather than as bind mounts.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Self
+
+import anyio
+import anyio.abc
+import msgspec
+from anyio.streams.buffered import BufferedByteReceiveStream
+from msgspec import Struct
+
+from rewards.jobs import (
+    HEADER,
+    MAX_FRAME_BYTES,
+    Job,
+    JobResult,
+    JobStatus,
+    LaneStatistics,
+    QueueStatistics,
+    encode,
+    frame,
+    ready_decoder,
+    result_decoder,
+)
+
+log = logging.getLogger(__name__)
+
+_TAIL_BYTES = 8192  # stderr kept per worker, for crash and timeout messages
+_START_ATTEMPTS = 3  # a lane that cannot start a worker this many times in a row is broken
+_REAP_WAIT_S = 5.0  # a SIGKILLed process stuck in the driver (D state) is not waited on forever
+_BROKEN = (anyio.BrokenResourceError, anyio.ClosedResourceError)
+_SANDBOX_ENV = ("PATH", "LANG", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX")
+_SANDBOX_ENV_PREFIXES = ("CUDA_", "NVIDIA_", "LC_", "TORCH_", "OMP_", "MKL_")
+_SECRETS = (
+    "~/.ssh ~/.aws ~/.netrc ~/.git-credentials ~/.docker ~/.config/gcloud ~/.kaggle ~/.cache/huggingface"
+)
+SECRET_PATHS = tuple(os.path.expanduser(p) for p in _SECRETS.split())  # workers may run as root
+
+
+class GpuQueueConfig(Struct, frozen=True, kw_only=True):
+    gpus: tuple[int, ...] = ()
+    """GPU indices, one lane each; empty: every GPU torch sees, counted in a subprocess."""
+    sandbox: bool = False
+    """Run each worker inside bubblewrap: read-only host, no network, only its scratch writable."""
+    bwrap_path: str = "bwrap"
+    """The bubblewrap binary, a name on PATH or a path."""
+    hidden_paths: tuple[str, ...] = SECRET_PATHS
+    """Paths the sandbox covers (add the tasks' reference dir and the workspaces root)."""
+    scratch_root: str = ""
+    """Parent of the per-lane scratch dirs; empty: a temp dir the queue makes and removes."""
+    job_default_deadline_s: float = 600.0
+    """Watchdog deadline of a job that sets none."""
+    worker_start_timeout_s: float = 120.0
+    """How long a fresh worker may take to import its preloads and report ready."""
+    python: str = sys.executable
+    """The interpreter that runs `rewards.worker`."""
+    fork_per_job: bool = False
+    """The worker forks a fresh child per job (a zygote) instead of running jobs itself."""
+    preload: tuple[str, ...] = ()
+    """Modules a worker imports once at start, e.g. ("torch",); importing must not init CUDA."""
+    handlers: dict[str, str] = {}
+    """Extra job kinds, "kind" -> "module:function", over `rewards.jobs.HANDLERS`."""
+    file_size_mib: int = 4096
+    """Largest file a sandboxed job may write (RLIMIT_FSIZE), in MiB."""
+
+
+class QueueClosed(RuntimeError):
+    """`submit` on a queue that has shut down, or shut down while the job waited or ran."""
+
+
+class WorkerStartError(RuntimeError):
+    """A lane could not start a worker `_START_ATTEMPTS` times in a row: broken infrastructure."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Command lines.
+
+
+async def count_gpus(python: str = sys.executable) -> int:
+    """How many GPUs torch sees, asked in a subprocess: the orchestrator never initialises CUDA."""
+    code = "import torch; print(torch.cuda.device_count())"
+    result = await anyio.run_process([python, "-c", code])
+    return int(result.stdout.decode().split()[-1])
+
+
+def sandbox_argv(config: GpuQueueConfig, scratch: Path) -> list[str]:
+    """bwrap around a worker. Later mounts cover earlier ones: the scratch bind comes after the
+    tmpfs that may hold it, and /tmp turns read-only last, once the bind point exists in it.
+    All /dev/nvidia* nodes are bound; CUDA_VISIBLE_DEVICES picks the lane's GPU."""
+    s = str(scratch)
+    argv = [config.bwrap_path, "--unshare-all", "--unshare-user", "--disable-userns"]
+    argv += ["--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev"]
+    for node in sorted(glob.glob("/dev/nvidia*")):
+        argv += ["--dev-bind", node, node]
+    argv += ["--proc", "/proc", "--tmpfs", "/tmp"]
+    for path in config.hidden_paths:
+        if os.path.isdir(path):
+            argv += ["--tmpfs", path]
+        elif os.path.exists(path):
+            argv += ["--ro-bind", "/dev/null", path]
+    return argv + ["--bind", s, s, "--remount-ro", "/tmp", "--chdir", s, "--"]
+
+
+def worker_argv(config: GpuQueueConfig, gpu: int, scratch: Path) -> list[str]:
+    # -P: the cwd (the writable scratch) is not on sys.path; -s: nor is ~/.local's site dir.
+    argv = [config.python, "-P", "-s", "-m", "rewards.worker", "--gpu", str(gpu)]
+    argv += ["--scratch", str(scratch), "--handlers", json.dumps(config.handlers)]
+    argv += ["--fork-per-job"] if config.fork_per_job else []
+    for module in config.preload:
+        argv += ["--preload", module]
+    if config.sandbox:
+        argv = sandbox_argv(config, scratch) + argv
+        argv += ["--reap-strays", "--max-file-mib", str(config.file_size_mib)]
+    return argv
+
+
+def worker_env(config: GpuQueueConfig, gpu: int, scratch: Path) -> dict[str, str]:
+    """Lane `gpu` indexes the GPUs the orchestrator sees: through its own CUDA_VISIBLE_DEVICES
+    when set (e.g. by Slurm), with PCI bus order so that indices match nvidia-smi."""
+    host = os.environ
+    visible = host.get("CUDA_VISIBLE_DEVICES")
+    device = visible.split(",")[gpu].strip() if visible else str(gpu)
+    if config.sandbox:  # nothing else of the host: no tokens, no keys
+        env = {k: v for k, v in host.items() if k in _SANDBOX_ENV or k.startswith(_SANDBOX_ENV_PREFIXES)}
+        env["HOME"] = str(scratch)
+    else:
+        env = dict(host)
+    env |= {"CUDA_VISIBLE_DEVICES": device, "TMPDIR": str(scratch), "PYTHONDONTWRITEBYTECODE": "1"}
+    env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    return env
+
+
+# ---------------------------------------------------------------------------------------------
+# A worker process, a lane, and who gets which lane.
+
+
+class _Worker:
+    """One worker process: its framed channel, the tail of its stderr, whether it must go."""
+
+    def __init__(self, process: anyio.abc.Process) -> None:
+        self.process = process
+        self.pid = process.pid
+        self.stdout = BufferedByteReceiveStream(process.stdout)
+        self.tail = bytearray()
+        self.stderr_done = anyio.Event()
+        self.exited = False
+        self.retired = anyio.Event()
+
+    async def send(self, message: bytes) -> None:
+        await self.process.stdin.send(frame(message))
+
+    async def receive(self) -> bytes | None:
+        """The next frame; None at end of file or on a corrupted header."""
+        try:
+            (size,) = HEADER.unpack(await self.stdout.receive_exactly(HEADER.size))
+            if size > MAX_FRAME_BYTES:
+                return None
+            return await self.stdout.receive_exactly(size)
+        except (anyio.IncompleteRead, anyio.EndOfStream, *_BROKEN):
+            return None
+
+    async def drain_stderr(self) -> None:
+        try:
+            async for chunk in self.process.stderr:
+                self.tail += chunk
+                if len(self.tail) > 2 * _TAIL_BYTES:  # trim rarely: amortised O(1) per byte
+                    del self.tail[:-_TAIL_BYTES]
+        except _BROKEN:
+            pass
+        finally:
+            self.stderr_done.set()
+
+    async def last_words(self) -> str:
+        """How the (killed or dead) worker ended, and the end of its stderr."""
+        with anyio.move_on_after(1.0):
+            await self.stderr_done.wait()
+            await self.process.wait()
+        code = self.process.returncode
+        if code is None:
+            how = "did not exit"
+        elif code < 0:
+            how = f"was killed by {signal.Signals(-code).name}"
+        else:
+            how = f"exited with code {code}"
+        tail = bytes(self.tail[-_TAIL_BYTES:]).decode("utf-8", "replace")
+        return f"worker {self.pid} {how}; its stderr ends:\n{tail}"
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: the worker, bwrap, and whatever a job started."""
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def retire(self) -> None:
+        self.kill()
+        self.retired.set()
+
+
+class _Lane:
+    """One GPU: its current worker, its scratch dir, and its counters."""
+
+    def __init__(self, gpu: int, scratch: Path) -> None:
+        self.gpu = gpu
+        self.scratch = scratch
+        self.worker: _Worker | None = None
+        self.held_since: float | None = None
+        self.busy_s = 0.0
+        self.jobs_done = self.restarts = self.timeouts = self.crashes = self.poisoned = 0
+        self.restart_s = 0.0
+
+    def begin(self) -> None:
+        self.held_since = time.monotonic()
+
+    def end(self, status: JobStatus | None) -> None:
+        self.busy_s += time.monotonic() - self.held_since
+        self.held_since = None
+        if status is not None:
+            self.jobs_done += 1
+            self.timeouts += status is JobStatus.TIMEOUT
+            self.crashes += status is JobStatus.CRASHED
+            self.poisoned += status is JobStatus.CUDA_POISONED
+
+    def statistics(self, now: float, uptime_s: float, depth: int) -> LaneStatistics:
+        busy_s = self.busy_s + (now - self.held_since if self.held_since is not None else 0.0)
+        return LaneStatistics(
+            gpu=self.gpu,
+            worker_pid=self.worker.pid if self.worker else 0,
+            busy=self.held_since is not None,
+            depth=depth,
+            busy_fraction=busy_s / uptime_s,
+            jobs_done=self.jobs_done,
+            jobs_per_s=self.jobs_done / uptime_s,
+            restarts=self.restarts,
+            restart_s=self.restart_s,
+            timeouts=self.timeouts,
+            crashes=self.crashes,
+            poisoned=self.poisoned,
+        )
+
+
+class _Waiter:
+    __slots__ = ("event", "lane", "wanted")
+
+    def __init__(self, wanted: _Lane | None) -> None:
+        self.wanted = wanted
+        self.lane: _Lane | None = None
+        self.event = anyio.Event()
+
+
+class _Dispatcher:
+    """Hands free lanes to waiting submitters, first come first served; a waiter pinned to a GPU
+    takes only that lane and does not hold up the waiters behind it. This is the queue's named
+    limiter for GPUs: a `CapacityLimiter("gpus")` could count free lanes but not hand out a
+    particular one, so a pinned job (baselines run on every GPU) would sit on a token meanwhile."""
+
+    def __init__(self) -> None:
+        self._free: list[_Lane] = []
+        self._waiters: deque[_Waiter] = deque()
+        self.closed = False
+
+    async def acquire(self, wanted: _Lane | None) -> _Lane:
+        if self.closed:
+            raise QueueClosed("the GPU queue is shut down")
+        waiter = _Waiter(wanted)
+        self._waiters.append(waiter)
+        self._match()
+        try:
+            await waiter.event.wait()
+        except BaseException:  # cancelled: give back what we may have been handed meanwhile
+            if waiter.lane is not None:
+                self.release(waiter.lane)
+            elif waiter in self._waiters:
+                self._waiters.remove(waiter)
+            raise
+        if waiter.lane is None:
+            raise QueueClosed("the GPU queue shut down while the job waited")
+        return waiter.lane
+
+    def release(self, lane: _Lane) -> None:
+        self._free.append(lane)
+        self._match()
+
+    def withdraw(self, lane: _Lane) -> bool:
+        """Take a free lane out of service; False if it was not free (someone holds it)."""
+        if lane in self._free:
+            self._free.remove(lane)
+            return True
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+        for waiter in self._waiters:
+            waiter.event.set()
+        self._waiters.clear()
+
+    def depth(self, lane: _Lane | None = None) -> int:
+        return sum(1 for w in self._waiters if lane is None or w.wanted is lane)
+
+    def _match(self) -> None:
+        for waiter in list(self._waiters):
+            if not self._free:
+                return
+            lane = self._take(waiter.wanted)
+            if lane is not None:
+                self._waiters.remove(waiter)
+                waiter.lane = lane
+                waiter.event.set()
+
+    def _take(self, wanted: _Lane | None) -> _Lane | None:
+        if wanted is None:
+            return self._free.pop(0)  # the longest idle: spreads jobs over the GPUs
+        if wanted in self._free:
+            self._free.remove(wanted)
+            return wanted
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class GpuQueue:
+    """Jobs to GPU worker processes, one job per GPU at a time, with a watchdog and restarts.
+
+    Example:
+        config = GpuQueueConfig(gpus=(0, 1), sandbox=True, hidden_paths=SECRET_PATHS + (tasks_dir,))
+        async with GpuQueue(config) as queue:
+            result = await queue.submit(Job(job_id="t3-verify-1", kind="verify", payload=payload))
+            if result.status is JobStatus.OK:
+                verdict = decode(result.value, Verdict)
+            log.info("gpu queue %s", queue.statistics())
+    """
+
+    def __init__(self, config: GpuQueueConfig = GpuQueueConfig()) -> None:
+        if len(set(config.gpus)) != len(config.gpus):
+            raise ValueError(f"each GPU takes one lane: {config.gpus}")
+        self.config = config
+        self._dispatcher = _Dispatcher()
+        self._lanes: list[_Lane] = []
+        self._closed = False
+        self._started = time.monotonic()
+        self._stack = AsyncExitStack()
+        self._own_scratch: str | None = None
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return tuple(lane.gpu for lane in self._lanes)
+
+    async def __aenter__(self) -> Self:
+        gpus = self.config.gpus or tuple(range(await count_gpus(self.config.python)))
+        if not gpus:
+            raise RuntimeError("GpuQueue: no GPUs (config.gpus is empty and torch sees none)")
+        root = self._scratch_root()
+        self._lanes = [_Lane(gpu, root / f"gpu{gpu}") for gpu in gpus]
+        for lane in self._lanes:
+            lane.scratch.mkdir(parents=True, exist_ok=True)
+        self._tg = await self._stack.enter_async_context(anyio.create_task_group())
+        self._started = time.monotonic()
+        try:
+            async with anyio.create_task_group() as boot:  # start the lanes' workers together
+                for lane in self._lanes:
+                    boot.start_soon(self._tg.start, self._run_lane, lane)
+        except BaseException as exc:
+            await self.__aexit__(None, None, None)
+            if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+                raise exc.exceptions[0] from None
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info) -> bool | None:
+        self._closed = True
+        self._dispatcher.close()
+        self._tg.cancel_scope.cancel()
+        try:
+            return await self._stack.__aexit__(*exc_info)
+        except BaseExceptionGroup as group:
+            if exc_info[1] is not None and group.exceptions == (exc_info[1],):
+                return False  # the body's own exception, unwrapped: the caller sees what it raised
+            raise
+        finally:
+            if self._own_scratch:
+                shutil.rmtree(self._own_scratch, ignore_errors=True)
+
+    async def submit(self, job: Job, *, gpu: int | None = None) -> JobResult:
+        """Run `job` on a free lane (or on lane `gpu`), waiting first come first served. What the
+        job did is never an exception: timeouts, crashes and poisoned contexts are statuses.
+        Raises QueueClosed if the queue shuts down first."""
+        wanted = self._lane(gpu)
+        queued = time.monotonic()
+        lane = await self._dispatcher.acquire(wanted)
+        worker = lane.worker
+        lane.begin()
+        held = time.monotonic()
+        result, reusable = None, False
+        try:
+            result, reusable = await self._run(job, worker)
+        finally:
+            lane.end(result.status if result else None)
+            if reusable and not worker.exited:
+                self._dispatcher.release(lane)
+            else:  # also when cancelled mid-job: the worker may still be running it
+                worker.retire()
+        wall_s = time.monotonic() - held
+        return msgspec.structs.replace(
+            result, worker_pid=worker.pid, gpu=lane.gpu, wall_s=wall_s, wait_s=held - queued
+        )
+
+    def statistics(self) -> QueueStatistics:
+        now = time.monotonic()
+        uptime_s = max(now - self._started, 1e-9)
+        lanes = tuple(lane.statistics(now, uptime_s, self._dispatcher.depth(lane)) for lane in self._lanes)
+        jobs_done = sum(s.jobs_done for s in lanes)
+        return QueueStatistics(
+            lanes=lanes,
+            depth=self._dispatcher.depth(),
+            busy_fraction=sum(s.busy_fraction for s in lanes) / max(len(lanes), 1),
+            jobs_done=jobs_done,
+            jobs_per_s=jobs_done / uptime_s,
+            restarts=sum(s.restarts for s in lanes),
+            timeouts=sum(s.timeouts for s in lanes),
+            crashes=sum(s.crashes for s in lanes),
+            poisoned=sum(s.poisoned for s in lanes),
+            uptime_s=uptime_s,
+        )
+
+    # -- running a job --------------------------------------------------------------------------
+
+    def _lane(self, gpu: int | None) -> _Lane | None:
+        if self._closed:
+            raise QueueClosed("the GPU queue is shut down")
+        if gpu is None:
+            return None
+        for lane in self._lanes:
+            if lane.gpu == gpu:
+                return lane
+        raise ValueError(f"no lane for gpu {gpu}; lanes: {self.gpus}")
+
+    async def _run(self, job: Job, worker: _Worker) -> tuple[JobResult, bool]:
+        """The result, and whether the worker may take the next job."""
+        deadline_s = job.deadline_s if job.deadline_s is not None else self.config.job_default_deadline_s
+        job = msgspec.structs.replace(job, deadline_s=deadline_s)  # handlers may budget by it
+        del worker.tail[:]  # the stderr tail of a failure should be this job's
+        message = None
+        with anyio.move_on_after(deadline_s) as watchdog:
+            try:
+                await worker.send(encode(job))
+            except _BROKEN:
+                pass  # it died: receive() sees the end of file
+            message = await worker.receive()
+        if watchdog.cancelled_caught:
+            worker.kill()
+            error = f"killed at its {deadline_s:g} s deadline; {await worker.last_words()}"
+            return JobResult(job_id=job.job_id, status=JobStatus.TIMEOUT, error=error), False
+        result = _decode_result(job, message)
+        if result is None:
+            if self._closed:
+                raise QueueClosed("the GPU queue shut down while the job ran")
+            worker.kill()
+            error = await worker.last_words()
+            return JobResult(job_id=job.job_id, status=JobStatus.CRASHED, error=error), False
+        # A worker that poisoned its context has exited; a zygote only lost the child.
+        return result, result.status is not JobStatus.CUDA_POISONED or self.config.fork_per_job
+
+    # -- lanes and their workers ----------------------------------------------------------------
+
+    def _scratch_root(self) -> Path:
+        if self.config.scratch_root:
+            return Path(self.config.scratch_root)
+        self._own_scratch = tempfile.mkdtemp(prefix="gpu-queue-")
+        return Path(self._own_scratch)
+
+    async def _run_lane(self, lane: _Lane, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        """Keeps one worker alive in `lane`: start, serve until retired, replace; forever."""
+        failures, started = 0, False
+        try:
+            while True:
+                began = time.monotonic()
+                error = await self._serve_one_worker(lane, began, started, task_status)
+                if error is None:
+                    failures, started = 0, True
+                    continue
+                failures += 1
+                log.warning("gpu %d: no worker (%d/%d): %s", lane.gpu, failures, _START_ATTEMPTS, error)
+                if failures >= _START_ATTEMPTS:
+                    raise WorkerStartError(f"gpu {lane.gpu}: no worker after {failures} attempts: {error}")
+                await anyio.sleep(0.5 * failures)
+        except BaseException:
+            self._dispatcher.close()  # waiters must not wait for a queue that is going away
+            raise
+
+    async def _serve_one_worker(self, lane: _Lane, began: float, started: bool, task_status) -> str | None:
+        """One worker's life; returns why it failed to start, or None once it has served."""
+        try:
+            process = await anyio.open_process(
+                worker_argv(self.config, lane.gpu, lane.scratch),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=lane.scratch,
+                env=worker_env(self.config, lane.gpu, lane.scratch),
+                start_new_session=True,  # its own process group: one killpg ends it all
+            )
+        except OSError as exc:
+            return f"cannot start the worker: {exc}"
+        worker = _Worker(process)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(worker.drain_stderr)
+                error = await self._wait_ready(worker)
+                if error is None:
+                    lane.worker = worker
+                    if started:
+                        lane.restarts += 1
+                        lane.restart_s += time.monotonic() - began
+                    else:
+                        task_status.started()
+                    tg.start_soon(self._watch_exit, lane, worker)
+                    self._dispatcher.release(lane)
+                    await worker.retired.wait()
+                    self._dispatcher.withdraw(lane)
+                tg.cancel_scope.cancel()
+        finally:
+            worker.kill()
+            with anyio.move_on_after(_REAP_WAIT_S, shield=True):
+                await process.aclose()
+        return error
+
+    async def _wait_ready(self, worker: _Worker) -> str | None:
+        with anyio.move_on_after(self.config.worker_start_timeout_s) as timer:
+            message = await worker.receive()
+        if timer.cancelled_caught:
+            worker.kill()
+            return f"not ready within {self.config.worker_start_timeout_s:g} s; {await worker.last_words()}"
+        if message is None:
+            return await worker.last_words()
+        try:
+            ready_decoder.decode(message)
+        except msgspec.DecodeError as exc:
+            worker.kill()
+            return f"unreadable ready frame ({exc})"
+        return None
+
+    async def _watch_exit(self, lane: _Lane, worker: _Worker) -> None:
+        await worker.process.wait()
+        worker.exited = True
+        if self._dispatcher.withdraw(lane):  # died while idle: no submitter will see its EOF
+            log.warning("gpu %d: idle worker %d exited", lane.gpu, worker.pid)
+            worker.retire()
+
+
+def _decode_result(job: Job, message: bytes | None) -> JobResult | None:
+    """The worker's result, or None for a missing, unreadable or mismatched frame."""
+    if message is None:
+        return None
+    try:
+        result = result_decoder.decode(message)
+    except msgspec.DecodeError:
+        log.warning("job %s: undecodable result frame", job.job_id)
+        return None
+    return result if result.job_id == job.job_id else None

@@ -1,0 +1,411 @@
+"""The GPU job queue on a CPU machine: lanes "0" and "1" are worker processes with
+CUDA_VISIBLE_DEVICES set, running the built-in handlers of `rewards.jobs` (and a few written by
+the tests into a module on PYTHONPATH). The queue, the workers and bubblewrap are real."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+import anyio
+import pytest
+
+from rewards.gpu_queue import (
+    GpuQueue,
+    GpuQueueConfig,
+    QueueClosed,
+    WorkerStartError,
+    worker_env,
+)
+from rewards.jobs import (
+    CrashArgs,
+    EchoEnvArgs,
+    EchoEnvValue,
+    Job,
+    JobStatus,
+    PrintArgs,
+    SleepArgs,
+    SleepValue,
+    decode,
+    encode,
+)
+
+_ids = itertools.count()
+
+TEST_HANDLERS = '''
+import subprocess
+
+def spawn(payload, ctx):
+    """Starts `sleep <payload>` in the background; detached (own session) if asked."""
+    seconds, _, mode = payload.decode().partition(" ")
+    subprocess.Popen(["sleep", seconds], start_new_session=(mode == "detached"))
+    return b"spawned"
+
+def shout(payload, ctx):
+    return payload.upper()
+'''
+
+
+def job(kind: str, args=None, **fields) -> Job:
+    payload = encode(args) if args is not None else b""
+    return Job(job_id=f"job-{next(_ids)}", kind=kind, payload=payload, **fields)
+
+
+@pytest.fixture
+def outside_dir():
+    """A host dir outside /tmp: the sandbox has a /tmp of its own, so this is what it sees."""
+    path = tempfile.mkdtemp(prefix="gpu-queue-test-", dir="/var/tmp" if os.path.isdir("/var/tmp") else None)
+    yield Path(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def config(tmp_path, outside_dir, monkeypatch) -> GpuQueueConfig:
+    (outside_dir / "handlers").mkdir()
+    (outside_dir / "handlers" / "queue_test_handlers.py").write_text(TEST_HANDLERS)
+    monkeypatch.setenv("PYTHONPATH", str(outside_dir / "handlers"))
+    return GpuQueueConfig(
+        gpus=(0, 1),
+        scratch_root=str(tmp_path / "scratch"),
+        job_default_deadline_s=30.0,
+        worker_start_timeout_s=30.0,
+        handlers={"spawn": "queue_test_handlers:spawn", "shout": "queue_test_handlers:shout"},
+    )
+
+
+def one_lane(config: GpuQueueConfig, **changes) -> GpuQueueConfig:
+    from msgspec.structs import replace
+
+    return replace(config, gpus=(0,), **changes)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def processes_with_arg(arg: str) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if arg.encode() in f.read().split(b"\0"):
+                    found.append(int(name))
+        except (FileNotFoundError, ProcessLookupError, NotADirectoryError, PermissionError):
+            pass
+    return [pid for pid in found if alive(pid)]
+
+
+async def eventually(check, timeout_s: float = 5.0):
+    """The first truthy value of `check()`, polled; the last falsy one after `timeout_s`."""
+    with anyio.move_on_after(timeout_s):
+        while not (value := check()):
+            await anyio.sleep(0.02)
+    return value
+
+
+def unique_seconds() -> str:
+    """A `sleep` argument no other process on the machine has."""
+    return f"{900 + os.getpid() % 97}.{next(_ids):06d}{int.from_bytes(os.urandom(4), 'big'):010d}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Jobs and lanes.
+
+
+async def test_jobs_return_their_handlers_values(config):
+    async with GpuQueue(config) as queue:
+        result = await queue.submit(job("ping"))
+        shouted = await queue.submit(Job(job_id="s", kind="shout", payload=b"hello"))
+    assert (result.status, result.value) == (JobStatus.OK, b"pong")
+    assert (shouted.status, shouted.value) == (JobStatus.OK, b"HELLO")
+
+
+async def test_never_more_jobs_at_once_than_lanes(config):
+    results = []
+
+    async def run_one():
+        results.append(await queue.submit(job("sleep", SleepArgs(seconds=0.05))))
+
+    async with GpuQueue(config) as queue, anyio.create_task_group() as tg:
+        for _ in range(12):
+            tg.start_soon(run_one)
+    spans = [(decode(r.value, SleepValue), r.gpu) for r in results]
+    for gpu in (0, 1):
+        mine = sorted((v.started, v.ended) for v, g in spans if g == gpu)
+        assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(mine))
+    events = sorted([(v.started, 1) for v, _ in spans] + [(v.ended, -1) for v, _ in spans])
+    running = list(itertools.accumulate(step for _, step in events))
+    assert max(running) <= 2
+
+
+async def test_waiting_jobs_go_to_whichever_lane_is_free(config):
+    results = []
+
+    async def run_one():
+        results.append(await queue.submit(job("sleep", SleepArgs(seconds=0.05))))
+
+    async with GpuQueue(config) as queue, anyio.create_task_group() as tg:
+        for _ in range(6):
+            tg.start_soon(run_one)
+    assert {r.gpu for r in results} == {0, 1}
+
+
+async def test_pinned_job_runs_on_its_gpu_with_cuda_visible_devices_set(config):
+    async with GpuQueue(config) as queue:
+        result = await queue.submit(job("echo_env"), gpu=1)
+    assert result.gpu == 1
+    assert decode(result.value, EchoEnvValue).cuda_visible_devices == "1"
+
+
+def test_lane_indexes_the_gpus_the_orchestrator_sees(config, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    assert worker_env(config, 1, Path("/tmp"))["CUDA_VISIBLE_DEVICES"] == "7"
+
+
+async def test_job_files_are_written_into_the_scratch_dir(config):
+    scratch = Path(config.scratch_root) / "gpu0"
+    probe = EchoEnvArgs(read_paths=(str(scratch / "kernels" / "k.cu"),))
+    async with GpuQueue(one_lane(config)) as queue:
+        result = await queue.submit(job("echo_env", probe, files={"kernels/k.cu": b"__global__"}))
+    assert decode(result.value, EchoEnvValue).read_bytes == {str(scratch / "kernels" / "k.cu"): 10}
+
+
+# ---------------------------------------------------------------------------------------------
+# Failures: each is a status, and the lane goes on.
+
+
+async def test_hanging_job_is_killed_at_its_deadline_and_the_lane_gets_a_new_worker(config):
+    async with GpuQueue(one_lane(config)) as queue:
+        hung = await queue.submit(job("sleep", SleepArgs(seconds=60), deadline_s=0.5))
+        after = await queue.submit(job("ping"))
+    assert hung.status is JobStatus.TIMEOUT
+    assert hung.wall_s < 10
+    assert after.status is JobStatus.OK
+    assert after.worker_pid != hung.worker_pid and not alive(hung.worker_pid)
+
+
+@pytest.mark.parametrize("how", ["exit", "segfault", "abort"])
+async def test_crashing_job_is_reported_crashed_and_the_next_job_succeeds(config, how):
+    async with GpuQueue(one_lane(config)) as queue:
+        crashed = await queue.submit(job("crash", CrashArgs(how=how)))
+        after = await queue.submit(job("ping"))
+    assert crashed.status is JobStatus.CRASHED
+    assert "crash handler: dying by" in crashed.error  # the worker's stderr tail
+    assert after.status is JobStatus.OK and after.worker_pid != crashed.worker_pid
+
+
+async def test_poisoned_cuda_context_is_reported_and_the_worker_replaced(config):
+    async with GpuQueue(one_lane(config)) as queue:
+        poisoned = await queue.submit(job("cuda_poison"))
+        after = await queue.submit(job("ping"))
+    assert poisoned.status is JobStatus.CUDA_POISONED
+    assert "illegal memory access" in poisoned.error
+    assert after.status is JobStatus.OK and after.worker_pid != poisoned.worker_pid
+
+
+async def test_handler_error_is_a_result_and_keeps_the_worker(config):
+    async with GpuQueue(one_lane(config)) as queue:
+        failed = await queue.submit(job("no_such_kind"))
+        after = await queue.submit(job("ping"))
+    assert failed.status is JobStatus.ERROR and "no_such_kind" in failed.error
+    assert after.worker_pid == failed.worker_pid
+
+
+async def test_handler_prints_do_not_corrupt_the_channel(config):
+    noise = PrintArgs(text="x" * 999 + '{"status": "ok"}', times=300)  # ~600 KB through every path
+    async with GpuQueue(one_lane(config)) as queue:
+        noisy = await queue.submit(job("print", noise))
+        after = await queue.submit(job("ping"))
+    assert (noisy.status, noisy.value) == (JobStatus.OK, b"done")
+    assert after.status is JobStatus.OK and after.worker_pid == noisy.worker_pid
+
+
+async def test_cancelled_submit_frees_the_lane_for_the_next_job(config):
+    async with GpuQueue(one_lane(config)) as queue:
+        with anyio.move_on_after(0.3):
+            await queue.submit(job("sleep", SleepArgs(seconds=60)))
+        with anyio.fail_after(10):
+            after = await queue.submit(job("ping"))
+    assert after.status is JobStatus.OK
+
+
+async def test_worker_that_cannot_start_raises(config):
+    broken = one_lane(config, preload=("no_such_module_anywhere",))
+    with pytest.raises(WorkerStartError, match="no_such_module_anywhere"):
+        async with GpuQueue(broken):
+            pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Fork per job.
+
+
+async def test_fork_per_job_runs_each_job_in_a_fresh_process(config):
+    async with GpuQueue(one_lane(config, fork_per_job=True)) as queue:
+        first = await queue.submit(job("echo_env"))
+        second = await queue.submit(job("echo_env"))
+    assert first.worker_pid == second.worker_pid
+    assert decode(first.value, EchoEnvValue).pid != decode(second.value, EchoEnvValue).pid
+
+
+async def test_fork_per_job_crash_costs_no_worker_restart(config):
+    async with GpuQueue(one_lane(config, fork_per_job=True)) as queue:
+        crashed = await queue.submit(job("crash", CrashArgs(how="segfault")))
+        after = await queue.submit(job("ping"))
+        stats = queue.statistics()
+    assert crashed.status is JobStatus.CRASHED and "SIGSEGV" in crashed.error
+    assert after.status is JobStatus.OK and after.worker_pid == crashed.worker_pid
+    assert (stats.crashes, stats.restarts) == (1, 0)
+
+
+async def test_fork_per_job_poisoned_child_leaves_the_zygote_serving(config):
+    async with GpuQueue(one_lane(config, fork_per_job=True)) as queue:
+        poisoned = await queue.submit(job("cuda_poison"))
+        after = await queue.submit(job("ping"))
+    assert poisoned.status is JobStatus.CUDA_POISONED
+    assert after.status is JobStatus.OK and after.worker_pid == poisoned.worker_pid
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics and shutdown.
+
+
+async def test_statistics_count_jobs_and_failures(config):
+    async with GpuQueue(one_lane(config)) as queue:
+        for j in [
+            job("ping"),
+            job("sleep", SleepArgs(seconds=60), deadline_s=0.3),
+            job("crash"),
+            job("cuda_poison"),
+            job("no_such_kind"),
+        ]:
+            await queue.submit(j)
+        await queue.submit(job("ping"))  # waits for the third replacement worker
+        stats = queue.statistics()
+    lane = stats.lanes[0]
+    counts = (stats.jobs_done, stats.timeouts, stats.crashes, stats.poisoned, stats.restarts)
+    assert counts == (6, 1, 1, 1, 3)
+    assert (lane.jobs_done, lane.restarts, lane.busy) == (6, 3, False)
+    assert 0.0 < stats.busy_fraction < 1.0 and stats.depth == 0
+
+
+async def test_depth_counts_submitters_waiting_for_a_lane(config):
+    async with GpuQueue(one_lane(config)) as queue, anyio.create_task_group() as tg:
+        for _ in range(3):
+            tg.start_soon(queue.submit, job("sleep", SleepArgs(seconds=0.5)))
+        await anyio.sleep(0.2)
+        stats = queue.statistics()
+    assert (stats.depth, stats.lanes[0].busy) == (2, True)
+
+
+async def test_shutdown_leaves_no_worker_processes(config):
+    async with GpuQueue(config) as queue:
+        pids = [lane.worker_pid for lane in queue.statistics().lanes]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(queue.submit, job("sleep", SleepArgs(seconds=60)))
+            await anyio.sleep(0.3)
+            tg.cancel_scope.cancel()
+    assert pids and not any(alive(pid) for pid in pids)
+
+
+async def test_shutdown_kills_what_a_job_left_running(config):
+    seconds = unique_seconds()
+    async with GpuQueue(one_lane(config)) as queue:
+        await queue.submit(Job(job_id="bg", kind="spawn", payload=seconds.encode()))
+        started = await eventually(lambda: processes_with_arg(seconds))
+    gone = await eventually(lambda: not processes_with_arg(seconds))
+    assert started and gone
+
+
+async def test_submit_after_shutdown_raises(config):
+    async with GpuQueue(one_lane(config)) as queue:
+        pass
+    with pytest.raises(QueueClosed):
+        await queue.submit(job("ping"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The sandbox.
+
+
+@functools.cache
+def bwrap_unavailable() -> str | None:
+    path = shutil.which("bwrap")
+    if path is None:
+        return "bwrap is not installed"
+    probe = [path, "--unshare-all", "--unshare-user", "--disable-userns", "--ro-bind", "/", "/", "true"]
+    result = subprocess.run(probe, check=False, capture_output=True, text=True)
+    return f"bwrap cannot make namespaces here: {result.stderr.strip()}" if result.returncode else None
+
+
+needs_bwrap = pytest.mark.skipif(bwrap_unavailable() is not None, reason=str(bwrap_unavailable()))
+
+
+@needs_bwrap
+async def test_sandboxed_job_can_write_only_its_scratch_dir(config, outside_dir, tmp_path):
+    scratch = Path(config.scratch_root) / "gpu0"
+    paths = [scratch / "ok", outside_dir / "no", tmp_path / "no", Path("/tmp/no"), Path.home() / "no"]
+    async with GpuQueue(one_lane(config, sandbox=True)) as queue:
+        result = await queue.submit(job("echo_env", EchoEnvArgs(write_paths=tuple(map(str, paths)))))
+    writable = decode(result.value, EchoEnvValue).writable
+    assert writable == {str(p): p == scratch / "ok" for p in paths}
+
+
+@needs_bwrap
+async def test_sandboxed_job_cannot_reach_the_network(config):
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+        async with GpuQueue(config) as open_queue:  # control: the listener is reachable
+            control = await open_queue.submit(job("echo_env", EchoEnvArgs(connect=address)))
+        async with GpuQueue(one_lane(config, sandbox=True)) as queue:
+            result = await queue.submit(job("echo_env", EchoEnvArgs(connect=address)))
+    assert decode(control.value, EchoEnvValue).connect_ok is True
+    assert decode(result.value, EchoEnvValue).connect_ok is False
+
+
+@needs_bwrap
+async def test_sandboxed_job_cannot_read_hidden_paths(config, outside_dir):
+    (outside_dir / "reference").mkdir()
+    secret = outside_dir / "reference" / "model.py"
+    secret.write_text("class Model: ...")
+    hidden = one_lane(config, sandbox=True, hidden_paths=(str(outside_dir / "reference"),))
+    async with GpuQueue(hidden) as queue:
+        result = await queue.submit(job("echo_env", EchoEnvArgs(read_paths=(str(secret),))))
+    assert decode(result.value, EchoEnvValue).read_bytes == {str(secret): -1}
+
+
+@needs_bwrap
+async def test_sandboxed_job_sees_none_of_the_hosts_secrets(config, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    probe = EchoEnvArgs(env_names=("HF_TOKEN", "PATH"))
+    async with GpuQueue(one_lane(config, sandbox=True)) as queue:
+        result = await queue.submit(job("echo_env", probe))
+    assert set(decode(result.value, EchoEnvValue).env) == {"PATH"}
+
+
+@needs_bwrap
+async def test_sandboxed_background_process_dies_with_its_job(config):
+    seconds = unique_seconds()
+    async with GpuQueue(one_lane(config, sandbox=True)) as queue:
+        spawned = await queue.submit(Job(job_id="bg", kind="spawn", payload=f"{seconds} detached".encode()))
+        gone = await eventually(lambda: not processes_with_arg(seconds), timeout_s=2.0)
+    assert spawned.status is JobStatus.OK and gone
+
+
+@needs_bwrap
+async def test_sandboxed_hanging_job_times_out_and_lane_recovers(config):
+    async with GpuQueue(one_lane(config, sandbox=True, fork_per_job=True)) as queue:
+        hung = await queue.submit(job("sleep", SleepArgs(seconds=60), deadline_s=0.5))
+        after = await queue.submit(job("ping"))
+    assert hung.status is JobStatus.TIMEOUT and after.status is JobStatus.OK
+    assert not alive(hung.worker_pid)
