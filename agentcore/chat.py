@@ -163,6 +163,9 @@ class ChatRenderer:
         return self.decode(ids)
 
     def decode(self, ids: Sequence[int]) -> str:
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:  # the Python wrapper walks every id first: 2x slower
+            return backend.decode(list(ids), skip_special_tokens=False)
         return self.tokenizer.decode(
             list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
         )

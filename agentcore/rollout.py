@@ -65,6 +65,8 @@ class RolloutConfig(Struct, frozen=True, kw_only=True):
     """Top-k sampling; -1 keeps all tokens."""
     seed: int | None = None
     """Base sampling seed (per turn: seed + turn index); None samples freely."""
+    tokenizer_threads: int = 2
+    """Worker threads that tokenize tool observations off the event loop."""
 
 
 class RolloutIds(Struct, frozen=True, kw_only=True):
@@ -180,6 +182,7 @@ class RolloutRunner:
 
     def __init__(self, *, engine: Engine, renderer: Renderer, parser: Parser, config: RolloutConfig):
         self.engine, self.renderer, self.parser, self.config = engine, renderer, parser, config
+        self._tokenizer_threads = anyio.CapacityLimiter(config.tokenizer_threads)
 
     async def run(
         self,
@@ -272,7 +275,12 @@ class RolloutRunner:
         over = self._ending(ep, finished, out_of_context)
         if over is None:
             observation = self._observation(tools, calls, results, errors)
-            ep.tokens.add_context(self.renderer.observation_ids(observation))
+            # Tokenizing tool output is the largest CPU cost of a turn; the Rust tokenizer
+            # releases the GIL, so a worker thread keeps it off the event loop.
+            ids = await anyio.to_thread.run_sync(
+                self.renderer.observation_ids, observation, limiter=self._tokenizer_threads
+            )
+            ep.tokens.add_context(ids)
         ep.turns.append(
             Turn(
                 index=index,
