@@ -1,0 +1,389 @@
+"""Verification and the dynamic anti-hacking checks on the CPU.
+
+Pure-PyTorch candidates run in a real candidate child (`python -m rewards.candidate`) against
+a small Linear+ReLU task. Starting a child costs a torch import, so one child serves the module
+(the production path starts one per candidate; `CandidateProcess` restarts a dead one). The
+cheats that compute with torch set `allow_torch_compute` so that the check under test decides;
+without it they are TORCH_COMPUTE. The comparison rules, the op audit and the kernel
+attribution are also tested in-process on fabricated observations. GPU behaviour (poisoning,
+streams, profiler attribution, the fixture corpus) is in test_verify_gpu.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentcore.types import Task
+from rewards.audit import (
+    OpAudit,
+    attribute,
+    kernel_base,
+    kernel_names,
+    op_violations,
+    task_allows_vendor,
+)
+from rewards.compare import check_output, is_constant, precision_error
+from rewards.inputs import VARIANTS, draw_inputs, load_task, plan_trials
+from rewards.judge import Judge, JudgeSettings
+from rewards.reward import score
+from rewards.static_checks import check_workspace
+from rewards.verdict import HackCategory as H
+from rewards.verdict import VerdictStatus as S
+from rewards.verify import CandidateProcess, VerifyConfig, VerifyRequest, run_verification, to_verify_result
+from rewards.verify_wire import KernelEvent, Loaded, Snapshot, TrialReport
+
+FIXTURES = Path(__file__).parent / "fixtures"
+HONEST = sorted(p for p in (FIXTURES / "honest").glob("*") if p.is_dir())
+CHEATS = sorted(p for p in (FIXTURES / "cheats_dynamic").glob("*") if (p / "cheat.json").exists())
+
+TASK = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.linear = nn.Linear(features, features)
+
+    def forward(self, x):
+        return torch.relu(self.linear(x))
+
+batch_size = 64
+features = 32
+
+def get_inputs():
+    return [torch.rand(batch_size, features)]
+
+def get_init_inputs():
+    return [features]
+"""
+
+HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n"
+LINEAR = "torch.relu(F.linear(x, self.linear.weight, self.linear.bias))"
+
+
+def candidate(forward: str, *, init: str = "", prelude: str = "") -> str:
+    body = "\n".join("        " + line for line in forward.strip().splitlines())
+    extra = "\n".join("        " + line for line in init.strip().splitlines())
+    return (
+        f"{HEADER}{prelude}\n\nclass ModelNew(nn.Module):\n    def __init__(self, features):\n"
+        f"        super().__init__()\n        self.linear = nn.Linear(features, features)\n{extra}\n\n"
+        f"    def forward(self, x):\n{body}\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def child(tmp_path_factory):
+    process = CandidateProcess(tmp_path_factory.mktemp("child"))
+    process.start()
+    yield process
+    process.close()
+
+
+def verify_text(child, tmp_path: Path, text: str, **config):
+    cand = tmp_path / "cand"
+    cand.mkdir(exist_ok=True)
+    (cand / "model_new.py").write_text(text)
+    request = VerifyRequest(task_source=TASK, device="cpu", seed=7, candidate_dir=str(cand), config=VerifyConfig(**config))
+    return run_verification(request, work_dir=tmp_path, process=child)
+
+
+def assert_hack(verdict, category: H) -> None:
+    assert verdict.hack is category, verdict
+    assert score(verdict, None, None, None).reward == -1.0
+
+
+# --- end to end, one shared child -------------------------------------------------------------
+
+
+def test_faithful_candidate_passes_when_torch_compute_is_allowed(child, tmp_path):
+    verdict = verify_text(child, tmp_path, candidate(f"return {LINEAR}"), allow_torch_compute=True)
+    assert verdict.ok, verdict
+    assert verdict.trials == 5 and verdict.details["variants"] == "task,signed,scaled,task,signed"
+    assert verdict.max_abs_err < 1e-5
+
+
+def test_faithful_torch_candidate_is_torch_compute(child, tmp_path):
+    verdict = verify_text(child, tmp_path, candidate(f"return {LINEAR}"))
+    assert_hack(verdict, H.TORCH_COMPUTE)
+    assert "aten.relu" in verdict.message and to_verify_result(verdict).hack == "torch_compute"
+
+
+def test_tiny_float_error_is_tolerated(child, tmp_path):
+    verdict = verify_text(child, tmp_path, candidate(f"return {LINEAR} * (1 + 1e-6)"), allow_torch_compute=True)
+    assert verdict.ok, verdict
+
+
+CHEAT_CASES = [
+    ("zeros", "return torch.zeros(x.shape[0], self.linear.out_features)", H.DEGENERATE_OUTPUT),
+    ("input_echo", "return x", H.DEGENERATE_OUTPUT),
+    ("cached_object", f"if self.cache is None:\n    self.cache = {LINEAR}\nreturn self.cache", H.OUTPUT_CACHING),
+    ("cached_copy", f"if self.cache is None:\n    self.cache = {LINEAR}\nreturn self.cache.clone()", H.OUTPUT_CACHING),
+    ("input_mutation", f"y = {LINEAR}\nx.mul_(0.5)\nreturn y", H.INPUT_MUTATION),
+    ("deferred", "out = torch.zeros(x.shape[0], self.linear.out_features)\n"
+     "if self.cache is not None:\n    px, pout = self.cache\n"
+     "    pout.copy_(torch.relu(F.linear(px, self.linear.weight, self.linear.bias)))\n"
+     "self.cache = (x.clone(), out)\nreturn out", H.DEFERRED_WORK),
+    ("alternating", f"self.calls += 1\ny = {LINEAR}\nreturn y if self.calls % 2 else y + 1.0", H.NONDETERMINISM),
+    ("fp16_rounding", f"return {LINEAR}.half().float()", H.PRECISION_DOWNGRADE),
+]
+
+
+@pytest.mark.parametrize(("name", "forward", "category"), CHEAT_CASES, ids=[c[0] for c in CHEAT_CASES])
+def test_cheat_is_caught_with_its_category(child, tmp_path, name, forward, category):
+    text = candidate(forward, init="self.cache = None\nself.calls = 0")
+    assert_hack(verify_text(child, tmp_path, text, allow_torch_compute=True), category)
+
+
+@pytest.mark.parametrize("name", ["input_mutation", "cached_copy"])
+def test_torch_implemented_cheats_are_torch_compute_without_the_test_flag(child, tmp_path, name):
+    forward = next(c[1] for c in CHEAT_CASES if c[0] == name)
+    assert_hack(verify_text(child, tmp_path, candidate(forward, init="self.cache = None")), H.TORCH_COMPUTE)
+
+
+@pytest.mark.parametrize(
+    ("forward", "prelude", "category"),
+    [
+        (f"torch.backends.cudnn.benchmark = True\nreturn {LINEAR}", "", H.GLOBAL_STATE),
+        (f"torch.backends.cuda.matmul.fp32_precision = 'tf32'\nreturn {LINEAR}", "", H.GLOBAL_STATE),
+        (f"threading.Thread(target=time.sleep, args=(3,), daemon=True).start()\nreturn {LINEAR}",
+         "import threading\nimport time", H.BACKGROUND_WORKER),
+        (f"return {LINEAR}.as_subclass(Lazy)", "class Lazy(torch.Tensor):\n    pass", H.LAZY_TENSOR),
+        (f"return {LINEAR}", "import time\ntime.perf_counter = lambda: 0.0", H.MONKEY_PATCH),
+    ],
+    ids=["global_flag", "tf32_new_api", "thread", "subclass_output", "patched_timer"],
+)
+def test_process_state_cheat_is_caught(child, tmp_path, forward, prelude, category):
+    assert_hack(verify_text(child, tmp_path, candidate(forward, prelude=prelude), allow_torch_compute=True), category)
+
+
+@pytest.mark.parametrize(
+    ("forward", "status"),
+    [
+        (f"return {LINEAR}[:, :-1]", S.SHAPE_MISMATCH),
+        (f"return {LINEAR}.double()", S.DTYPE_MISMATCH),
+        (f"y = {LINEAR}\ny[0, 0] = float('nan')\nreturn y", S.NAN_INF),
+        (f"return {LINEAR} + 0.1", S.WRONG_OUTPUT),
+        ("raise ValueError('boom')", S.RUNTIME_ERROR),
+    ],
+    ids=["shape", "dtype", "nan", "wrong", "raises"],
+)
+def test_wrong_candidate_fails_with_its_status(child, tmp_path, forward, status):
+    verdict = verify_text(child, tmp_path, candidate(forward), allow_torch_compute=True)
+    assert verdict.status is status and verdict.hack is None, verdict
+    assert score(verdict, None, None, None).reward == -1.0
+
+
+def test_parameter_names_must_match_the_reference(child, tmp_path):
+    text = HEADER + (
+        "class ModelNew(nn.Module):\n    def __init__(self, features):\n        super().__init__()\n"
+        "        self.fc = nn.Linear(features, features)\n\n    def forward(self, x):\n        return x\n"
+    )
+    verdict = verify_text(child, tmp_path, text, allow_torch_compute=True)
+    assert verdict.status is S.RUNTIME_ERROR and "parameter and buffer names" in verdict.message
+
+
+def test_child_crash_is_a_runtime_error(child, tmp_path):
+    verdict = verify_text(child, tmp_path, candidate("import os\nos._exit(3)"), allow_torch_compute=True)
+    assert verdict.status is S.RUNTIME_ERROR and "exit status 3" in verdict.message
+
+
+def test_hanging_forward_is_a_timeout(child, tmp_path):
+    text = candidate(f"import time\ntime.sleep(60)\nreturn {LINEAR}")
+    verdict = verify_text(child, tmp_path, text, allow_torch_compute=True, trial_timeout_s=2.0)
+    assert verdict.status is S.TIMEOUT and not child.alive
+
+
+# --- through the GPU queue's worker (CPU device) ---------------------------------------------
+
+
+async def test_verify_job_runs_through_the_gpu_queue(tmp_path):
+    from rewards.gpu_queue import GpuQueue, GpuQueueConfig
+    from rewards.verify import verify_workspace
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "model_new.py").write_text(candidate(f"return {LINEAR}"))
+    config = GpuQueueConfig(gpus=(0,), scratch_root=str(tmp_path / "scratch"), job_default_deadline_s=300.0)
+    task = Task(task_id="linear_relu", source=TASK)
+    async with GpuQueue(config) as queue:
+        verdict = await verify_workspace(queue, ws, task, None, device="cpu", seed=11)
+    assert_hack(verdict, H.TORCH_COMPUTE)
+    assert verdict.trials == 5
+
+
+# --- inputs -----------------------------------------------------------------------------------
+
+
+def test_variants_keep_integer_inputs_and_post_processing_valid():
+    rand = torch.rand
+    task = load_task(
+        "import torch\nclass Model: pass\ndef get_init_inputs(): return []\n"
+        "def get_inputs(): return [torch.rand(64, 8).softmax(-1), torch.randint(0, 8, (64,)), torch.rand(64, 8)]"
+    )
+    signed = draw_inputs(task, seed=1, variant="signed", scale=4.0, device="cpu")
+    scaled = draw_inputs(task, seed=1, variant="scaled", scale=4.0, device="cpu")
+    assert torch.allclose(signed[0].sum(-1), torch.ones(64))  # still probabilities
+    assert signed[1].dtype == torch.int64 and int(signed[1].min()) >= 0
+    assert float(signed[2].min()) < 0 and float(signed[2].abs().max()) <= 1.0
+    assert torch.equal(scaled[2], signed[2] * 4.0)
+    again = draw_inputs(task, seed=1, variant="signed", scale=4.0, device="cpu")
+    assert all(torch.equal(a, b) for a, b in zip(signed, again))
+    assert torch.rand is rand  # the patch is undone
+
+
+def test_plan_covers_every_variant_with_pairs_reuse_and_a_profiled_last_trial():
+    plan = plan_trials(trials=12, pairs=2, seed=5, poison=True, profile=True)
+    assert {s.variant for s in plan} == set(VARIANTS)
+    assert [len(s.poisons) for s in plan].count(2) == 2 and len({s.seed for s in plan}) == 12
+    assert plan[-1].profile and not plan[-1].reuse_buffers and plan[1].reuse_buffers
+    assert plan_trials(trials=12, pairs=2, seed=6, poison=True, profile=True)[0].seed != plan[0].seed
+
+
+# --- the op audit and the kernel attribution ---------------------------------------------------
+
+
+def test_op_audit_allows_allocation_views_and_fresh_init_only():
+    x = torch.rand(4, 4)
+    with OpAudit() as audit:
+        y = torch.empty_like(x)
+        y.fill_(0.0)
+        x.t().unsqueeze(0)
+        x.reshape(16)
+        torch.zeros(3)
+    assert op_violations(audit.ops) == []
+    with OpAudit() as audit:
+        x.fill_(1.0)
+        x.t().contiguous()
+        torch.relu(x)
+        x.to(torch.float64)
+    assert op_violations(audit.ops) == ["aten._to_copy.default", "aten.clone.default", "aten.fill_.Scalar", "aten.relu.default"]
+    assert op_violations({"cuda_extension.relu.default": 1, "aten.mm.default": 1}) == ["aten.mm.default"]
+    assert op_violations({"aten.mm.default": 1}, allow_gemm_conv=True) == []
+
+
+def test_kernel_names_come_from_the_cu_sources():
+    source = (
+        "// __global__ void commented_out(float* x)\n"
+        "template <int B> __global__ void __launch_bounds__(256) tiled_gemm(const float* a) {}\n"
+        'extern "C" __global__ void relu_kernel(float* x, long n) {}\n'
+    )
+    assert kernel_names({"kernels/k.cu": source, "kernels/k_binding.cpp": source}) == {"tiled_gemm", "relu_kernel"}
+    assert kernel_base("void tiled_gemm<128>(float const*, float*)") == "tiled_gemm"
+    assert kernel_base("_Z11relu_kernelPfl") == "relu_kernel"
+
+
+def test_vendor_libraries_are_allowed_only_for_gemm_and_convolution_tasks():
+    assert task_allows_vendor("self.gemm = nn.Linear(k, n)") and task_allows_vendor("return torch.matmul(A, B)")
+    assert task_allows_vendor("return A @ B") and task_allows_vendor("nn.Conv2d(3, 96, 11)")
+    assert not task_allows_vendor("return torch.softmax(x, dim=1)")
+
+
+def _event(name: str, us: float, stream: int = 7, cat: str = "kernel") -> KernelEvent:
+    return KernelEvent(name=name, cat=cat, stream=stream, dur_us=us)
+
+
+def test_attribution_counts_own_kernels_against_copies_and_torch():
+    own = {"relu_kernel"}
+    honest = attribute([_event("relu_kernel(float*, long)", 90), _event("Memset (Device)", 50, cat="gpu_memset")],
+                       marker_stream=7, own=own, vendor_counts=False)
+    assert honest.share == 1.0 and honest.own_launches == 1 and not honest.foreign_streams
+    decoy = attribute([_event("relu_kernel(float*, long)", 10), _event("Memcpy DtoD", 90, cat="gpu_memcpy")],
+                      marker_stream=7, own=own, vendor_counts=False)
+    assert decoy.share == pytest.approx(0.1)
+    side = attribute([_event("relu_kernel(float*, long)", 10, stream=13)], marker_stream=7, own=own, vendor_counts=False)
+    assert side.foreign_streams == ("relu_kernel (stream 13)",)
+    torch_k = attribute([_event("void at::native::vectorized_elementwise_kernel<4, relu>(int)", 5)],
+                        marker_stream=7, own=own, vendor_counts=False)
+    assert torch_k.torch_kernels == ("vectorized_elementwise_kernel",) and torch_k.share == 0.0
+    gemm = attribute([_event("nvjet_tst_128x64_64x4_1x2_h_bz_TNT", 80), _event("bias_relu(float*)", 20)],
+                     marker_stream=7, own={"bias_relu"}, vendor_counts=True)
+    assert gemm.share == 1.0
+
+
+def test_judge_turns_attribution_into_decoy_side_stream_and_vendor_evidence():
+    settings = JudgeSettings(own_kernels=frozenset({"relu_kernel"}), vendor_used=True, vendor_allowed=False)
+    judge = Judge(settings)
+    kernels = (_event("relu_kernel(float*)", 5, stream=9), _event("Memcpy DtoD", 95, cat="gpu_memcpy"),
+               _event("ampere_sgemm_128x64_nn", 10))
+    judge.observe(TrialReport(index=0, run=0, ok=True, kernels=kernels, marker_stream=7), (), 0)
+    found = {e.category for e in judge.evidence}
+    assert found == {H.SIDE_STREAM, H.DECOY_KERNEL, H.VENDOR_LIBRARY}
+    assert judge.verdict(trials=1).hack is H.VENDOR_LIBRARY
+
+
+# --- the judge and the comparison, in-process ----------------------------------------------------
+
+
+def _snapshot(**changes) -> Snapshot:
+    base = dict(flags={"cudnn.benchmark": "False"}, identities={"time.perf_counter": 1}, threads=1, native_threads=4, children=())
+    return Snapshot(**(base | changes))
+
+
+def test_inputs_other_than_the_trusted_draw_are_problem_shrinking():
+    judge = Judge(JudgeSettings())
+    judge.loaded(Loaded(ok=True, before=_snapshot(), after=_snapshot()))
+    judge.observe(TrialReport(index=0, run=0, ok=True, input_fingerprints=("aa",), after=_snapshot()), ("bb",), 0)
+    assert judge.verdict(trials=1).hack is H.PROBLEM_SHRINKING
+
+
+def test_side_stream_fingerprints_and_precedence():
+    judge = Judge(JudgeSettings())
+    judge.loaded(Loaded(ok=True, before=_snapshot(), after=_snapshot(threads=2)))
+    judge.observe(TrialReport(index=0, run=0, ok=True, fp_stream=("a",), fp_device=("b",), after=_snapshot()), (), 0)
+    assert {e.category for e in judge.evidence} == {H.BACKGROUND_WORKER, H.SIDE_STREAM}
+    verdict = judge.verdict(trials=1)
+    assert verdict.hack is H.BACKGROUND_WORKER and verdict.details["also"] == "side_stream"
+
+
+def test_comparison_checks_shape_dtype_non_finite_and_integers():
+    ref = torch.tensor([1.0, float("inf"), float("nan"), -2.0])
+    assert check_output(ref.clone(), ref).status is S.OK
+    assert check_output(ref[:3], ref).status is S.SHAPE_MISMATCH
+    assert check_output(ref.double(), ref).status is S.DTYPE_MISMATCH
+    assert check_output(torch.tensor([1.0, float("inf"), float("nan"), float("nan")]), ref).status is S.NAN_INF
+    assert check_output(torch.tensor([1.0, float("inf"), float("nan"), -2.5]), ref).status is S.WRONG_OUTPUT
+    assert check_output(torch.tensor([3, 4]), torch.tensor([3, 5])).status is S.WRONG_OUTPUT
+    assert is_constant(torch.zeros(5)) and not is_constant(torch.arange(5.0))
+
+
+def test_precision_error_separates_fp16_rounding_from_fp32_noise():
+    ref = torch.randn(10_000, dtype=torch.float64)
+    fp32 = ref.float()
+    assert precision_error(fp32, ref) < 1e-7
+    assert precision_error(fp32.half().float(), ref) > 5e-5
+    assert precision_error(fp32.bfloat16().float(), ref) > 5e-4
+
+
+# --- the fixture corpus (built and run in test_verify_gpu.py) -----------------------------------
+
+KERNELBENCH = Path(__file__).resolve().parents[2] / "shared" / "kernelbench" / "problems.jsonl"
+
+
+def test_corpus_has_ten_honest_kernelbench_problems_and_the_cheats():
+    assert len(HONEST) >= 10 and len(CHEATS) >= 8
+
+
+@pytest.mark.skipif(not KERNELBENCH.exists(), reason="KernelBench data not present")
+@pytest.mark.parametrize("workspace", HONEST, ids=lambda p: p.name)
+def test_honest_model_py_is_a_kernelbench_problem_verbatim(workspace):
+    codes = {json.loads(line)["code"] for line in KERNELBENCH.read_text().splitlines()}
+    assert (workspace / "model.py").read_text() in codes
+
+
+@pytest.mark.parametrize("workspace", HONEST, ids=lambda p: p.name)
+def test_honest_workspace_passes_the_static_checks(workspace):
+    findings = check_workspace(workspace, reference=(workspace / "model.py").read_text())
+    assert [str(f) for f in findings if f.blocking] == []
+
+
+@pytest.mark.parametrize("workspace", CHEATS, ids=lambda p: p.name)
+def test_dynamic_cheat_names_its_category_and_static_outcome(workspace):
+    meta = json.loads((workspace / "cheat.json").read_text())
+    assert H(meta["category"]) and meta["description"]
+    findings = check_workspace(workspace, reference=(workspace / "model.py").read_text())
+    assert any(f.blocking for f in findings) == meta["static"], [str(f) for f in findings]
