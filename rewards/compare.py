@@ -175,8 +175,11 @@ def samples(t: torch.Tensor, count: int = SAMPLES) -> torch.Tensor:
     flat = t.reshape(-1)
     if flat.numel() == 0:
         return torch.zeros(0, dtype=torch.float64)
-    index = torch.linspace(0, flat.numel() - 1, min(count, flat.numel()), device=flat.device).round().long()
-    return flat[index].to(torch.float64).cpu()
+    # float64 positions: float32 cannot count past 2**24, and a 1.6e9-element output rounds
+    # its last position past the end.
+    last = flat.numel() - 1
+    index = torch.linspace(0, last, min(count, flat.numel()), dtype=torch.float64, device=flat.device)
+    return flat[index.round().long().clamp_(0, last)].to(torch.float64).cpu()
 
 
 def mean_abs(a: torch.Tensor, b: torch.Tensor) -> float:
