@@ -12,6 +12,7 @@ import sys
 # name -> (module:function, one-line help). The function takes argv and returns an exit code.
 COMMANDS: dict[str, tuple[str, str]] = {
     "rollout": ("agentcore.rollout_cmd:main", "run the agent over a task file and store trajectories"),
+    "smoke": ("rl.smoke:main", "quick end-to-end run of the agent on demonstration tasks"),
 }
 
 

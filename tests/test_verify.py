@@ -37,7 +37,7 @@ from rewards.verify import CandidateProcess, VerifyConfig, VerifyRequest, run_ve
 from rewards.verify_wire import KernelEvent, Loaded, Snapshot, TrialReport
 
 FIXTURES = Path(__file__).parent / "fixtures"
-HONEST = sorted(p for p in (FIXTURES / "honest").glob("*") if p.is_dir())
+HONEST = sorted(p for p in (Path(__file__).resolve().parents[1] / "rl" / "demos").glob("*") if p.is_dir())
 CHEATS = sorted(p for p in (FIXTURES / "cheats_dynamic").glob("*") if (p / "cheat.json").exists())
 
 TASK = """

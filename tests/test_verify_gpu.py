@@ -1,7 +1,7 @@
 """Verification on a GPU, end to end: build with the real compile pool, verify in a candidate
 child, score.
 
-Every honest workspace in tests/fixtures/honest (a KernelBench problem verbatim plus kernels)
+Every honest workspace in rl/demos (a KernelBench problem verbatim plus kernels)
 must pass and earn a reward; every cheat in tests/fixtures/cheats_dynamic must earn -1 with the
 HackCategory its cheat.json names. One honest and one cheating workspace also go through the
 GPU queue's `verify` handler. The KernelBench sizes are the real ones (ReLU moves 6 GiB per
@@ -31,7 +31,7 @@ from rewards.verify import VerifyConfig, VerifyRequest, run_verification, verify
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
 TEMPLATE = REPO / "agentcore" / "assets" / "template"
-HONEST = sorted(p for p in (FIXTURES / "honest").glob("*") if p.is_dir())
+HONEST = sorted(p for p in (Path(__file__).resolve().parents[1] / "rl" / "demos").glob("*") if p.is_dir())
 CHEATS = sorted(p for p in (FIXTURES / "cheats_dynamic").glob("*") if (p / "cheat.json").exists())
 VENDOR_BUILD_ERROR = re.compile(r"cudnn\.h|cublas_v2\.h|undefined reference to '?(cublas|cudnn)", re.I)
 
@@ -119,7 +119,7 @@ async def test_final_mode_runs_more_trials_and_two_poison_pairs(pool, tmp_path):
 async def test_verify_handler_through_the_gpu_queue(pool, tmp_path, name, honest):
     from rewards.gpu_queue import GpuQueue, GpuQueueConfig
 
-    fixture = FIXTURES / ("honest" if honest else "cheats_dynamic") / name
+    fixture = (HONEST[0].parent if honest else FIXTURES / "cheats_dynamic") / name
     ws = make_workspace(fixture, tmp_path / "ws")
     so_path = await build(pool, ws)
     config = GpuQueueConfig(gpus=(0,), scratch_root=str(tmp_path / "scratch"), job_default_deadline_s=900.0)
