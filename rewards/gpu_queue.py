@@ -153,6 +153,9 @@ def worker_argv(config: GpuQueueConfig, gpu: int, scratch: Path) -> list[str]:
     return argv
 
 
+_PROJECT_ROOT = str(Path(__file__).resolve().parents[1])
+
+
 def worker_env(config: GpuQueueConfig, gpu: int, scratch: Path) -> dict[str, str]:
     """Lane `gpu` indexes the GPUs the orchestrator sees: through its own CUDA_VISIBLE_DEVICES
     when set (e.g. by Slurm), with PCI bus order so that indices match nvidia-smi."""
@@ -166,6 +169,10 @@ def worker_env(config: GpuQueueConfig, gpu: int, scratch: Path) -> dict[str, str
         env = dict(host)
     env |= {"CUDA_VISIBLE_DEVICES": device, "TMPDIR": str(scratch), "PYTHONDONTWRITEBYTECODE": "1"}
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    # The worker runs `-m rewards.worker`: make this very project importable whether or not it
+    # is pip-installed (a checkout run with PYTHONPATH, as on the GPU machines).
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([_PROJECT_ROOT, *paths]))
     return env
 
 

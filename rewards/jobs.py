@@ -162,6 +162,7 @@ HANDLERS: dict[str, str] = {
     "cuda_poison": "rewards.jobs:cuda_poison",
     "print": "rewards.jobs:print_noise",
     "echo_env": "rewards.jobs:echo_env",
+    "cuda_probe": "rewards.jobs:cuda_probe",
     "verify": "rewards.verify:verify",  # candidate verification and dynamic anti-hacking checks
 }
 
@@ -296,3 +297,17 @@ def _read_size(path: str) -> int:
             return len(f.read())
     except OSError:
         return -1
+
+
+class CudaProbeValue(Struct, frozen=True, kw_only=True):
+    device_count: int
+    device_name: str
+    total: float
+
+
+def cuda_probe(payload: bytes, ctx: JobContext) -> bytes:
+    """Health check of a lane's GPU: runs one reduction on the device the lane is pinned to."""
+    import torch
+
+    total = float(torch.ones(1 << 20, device="cuda").sum().item())
+    return encode(CudaProbeValue(device_count=torch.cuda.device_count(), device_name=torch.cuda.get_device_name(), total=total))

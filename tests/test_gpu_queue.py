@@ -409,3 +409,14 @@ async def test_sandboxed_hanging_job_times_out_and_lane_recovers(config):
         after = await queue.submit(job("ping"))
     assert hung.status is JobStatus.TIMEOUT and after.status is JobStatus.OK
     assert not alive(hung.worker_pid)
+
+
+@pytest.mark.gpu
+async def test_sandboxed_worker_runs_cuda_on_its_one_gpu(config):
+    from rewards.jobs import CudaProbeValue, decode
+
+    async with GpuQueue(one_lane(config, sandbox=True)) as queue:
+        result = await queue.submit(Job(job_id="probe", kind="cuda_probe"))
+    assert result.status is JobStatus.OK, result.error
+    value = decode(result.value, CudaProbeValue)
+    assert value.device_count == 1 and value.total == float(1 << 20)
