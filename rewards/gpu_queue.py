@@ -122,6 +122,9 @@ async def count_gpus(python: str = sys.executable) -> int:
     return int(result.stdout.decode().split()[-1])
 
 
+_PROJECT_ROOT = str(Path(__file__).resolve().parents[1])
+
+
 def sandbox_argv(config: GpuQueueConfig, scratch: Path) -> list[str]:
     """bwrap around a worker. Later mounts cover earlier ones: the scratch bind comes after the
     tmpfs that may hold it, and /tmp turns read-only last, once the bind point exists in it.
@@ -132,6 +135,8 @@ def sandbox_argv(config: GpuQueueConfig, scratch: Path) -> list[str]:
     for node in sorted(glob.glob("/dev/nvidia*")):
         argv += ["--dev-bind", node, node]
     argv += ["--proc", "/proc", "--tmpfs", "/tmp"]
+    if _PROJECT_ROOT.startswith("/tmp/"):  # a checkout under /tmp: the worker must still import it
+        argv += ["--ro-bind", _PROJECT_ROOT, _PROJECT_ROOT]
     for path in config.hidden_paths:
         if os.path.isdir(path):
             argv += ["--tmpfs", path]
@@ -151,9 +156,6 @@ def worker_argv(config: GpuQueueConfig, gpu: int, scratch: Path) -> list[str]:
         argv = sandbox_argv(config, scratch) + argv
         argv += ["--reap-strays", "--max-file-mib", str(config.file_size_mib)]
     return argv
-
-
-_PROJECT_ROOT = str(Path(__file__).resolve().parents[1])
 
 
 def worker_env(config: GpuQueueConfig, gpu: int, scratch: Path) -> dict[str, str]:
