@@ -13,6 +13,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "rollout": ("agentcore.rollout_cmd:main", "run the agent over a task file and store trajectories"),
     "smoke": ("rl.smoke:main", "quick end-to-end run of the agent on demonstration tasks"),
+    "eval": ("rewards.eval_cmd:main", "evaluate one solution the way the trainer does"),
 }
 
 

@@ -341,6 +341,7 @@ CPP_TORCH_ALLOWED: tuple[str, ...] = tuple(
         "cuda::getCurrentDeviceProperties", "cuda::getDeviceProperties", "cuda::current_device",
         "cuda::device_count", "cuda::CUDACachingAllocator::raw_alloc",
         "cuda::CUDACachingAllocator::raw_delete",
+        "accelerator::getCurrentStream",  # the device-generic current stream (no c10/cuda headers)
     )
 )
 CPP_TORCH_CATEGORIES: tuple[tuple[str, H, str], ...] = tuple(

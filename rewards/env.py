@@ -1,0 +1,204 @@
+"""The real KernelEnv: what the agent's `compile`, `verify` and `profile` tools call.
+
+What it is: `RewardsKernelEnv` implements `agentcore.kernel_env.KernelEnv` with the static checks
+(`rewards.static_checks`), the compile pool (`rewards.compile_pool`) and the GPU queue's `verify`
+and `profile` handlers (`rewards.verify`, `rewards.profile`). `open_kernel_env(config)` opens the
+pool and the queue and yields the env; `agentcore.rollout_cmd` enters it as REAL_ENV.
+
+What it is not: the final evaluation (`rewards.evaluate` snapshots the workspace and scores it);
+this env works on the agent's live workspace and its results are only what the model sees.
+
+A blocking static finding is a failed compile whose log lists the findings, so the agent sees
+the category; `verify` and `profile` rebuild first (the pool's cache makes an unchanged
+workspace a lookup) and refuse a workspace that does not build. A machine without a GPU can
+compile; `verify` and `profile` raise NoGpuError there (broken infrastructure, not the model).
+
+Example:
+    async with open_kernel_env(EnvConfig(gpus=(0,))) as env:
+        compiled = await env.compile(workspace_dir, task)
+        checked = await env.verify(workspace_dir, task)
+        timed = await env.profile(workspace_dir, task)
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Literal
+
+import anyio
+from msgspec import Struct
+
+from agentcore.types import CompileResult, ProfileResult, Task, VerifyResult
+from rewards.baselines import Baselines, task_sha256
+from rewards.build_checks import FIXED_FILES, TEMPLATE_DIR
+from rewards.compile_pool import Build, CompileConfig, CompilePool
+from rewards.gpu_queue import GpuQueue, GpuQueueConfig, count_gpus
+from rewards.profile import HANDLER as PROFILE_HANDLER
+from rewards.profile import Profile, ProfileConfig, profile_workspace, to_profile_result
+from rewards.static_checks import check_workspace, file_digest
+from rewards.verdict import Verdict, VerdictStatus, hack_verdict
+from rewards.verify import VerifyConfig, to_verify_result, verify_workspace
+
+SKILL_PATH = TEMPLATE_DIR.parent / "SKILL.md"
+
+
+class EnvConfig(Struct, frozen=True, kw_only=True):
+    gpus: tuple[int, ...] = ()
+    """GPU indices for the queue; empty: every GPU torch sees (none: compile-only env)."""
+    sandbox: Literal["auto", "on", "off"] = "auto"
+    """Run GPU workers in bubblewrap; auto: when `bwrap` is on PATH."""
+    compile: CompileConfig = CompileConfig()
+    """The compile pool."""
+    queue: GpuQueueConfig = GpuQueueConfig()
+    """The GPU queue; `gpus`, `sandbox` and the verify/profile handlers are filled in here."""
+    verify: VerifyConfig = VerifyConfig()
+    """Trials, tolerances and timeouts of the verify handler."""
+    profile: ProfileConfig = ProfileConfig()
+    """Timing config and timeouts of the profile handler."""
+    job_deadline_s: float = 900.0
+    """Watchdog deadline of one verify or profile job."""
+
+
+class NoGpuError(RuntimeError):
+    """verify or profile on an env opened without a GPU."""
+
+
+def pristine_files(task: Task) -> dict[str, bytes]:
+    """The files of a workspace the agent may not change: model.py from the task, SKILL.md and
+    the fixed template files from agentcore's assets."""
+    files = {"model.py": task.source.encode(), "SKILL.md": SKILL_PATH.read_bytes()}
+    for name in FIXED_FILES:
+        files[name] = (TEMPLATE_DIR / name).read_bytes()
+    return files
+
+
+def static_verdict(workspace: Path, task: Task) -> Verdict | None:
+    """A HACK verdict for blocking static findings (protected files included), else None."""
+    originals = {name: file_digest(data) for name, data in pristine_files(task).items()}
+    return hack_verdict(check_workspace(workspace, reference=task.source, originals=originals))
+
+
+class Prepared(Struct, frozen=True, kw_only=True):
+    """A workspace checked and built: `verdict` is set when it must not run (hack or no build)."""
+
+    build: Build | None = None
+    verdict: Verdict | None = None
+
+
+class RewardsKernelEnv:
+    """KernelEnv over a CompilePool and (optionally) a GpuQueue; see the module docstring.
+
+    Example:
+        env = RewardsKernelEnv(CompilePool(), queue=None)   # compile only, e.g. on a CPU box
+        result = await env.compile(workspace_dir, task)
+    """
+
+    def __init__(self, pool: CompilePool, queue: GpuQueue | None, config: EnvConfig = EnvConfig()) -> None:
+        self.pool, self.queue, self.config = pool, queue, config
+        self.builds: dict[Path, Build] = {}  # last build per workspace path
+        self.baselines: dict[str, Baselines] = {}  # per task source sha256; one entry per task
+
+    async def prepare(self, workspace: Path, task: Task) -> Prepared:
+        """Static checks, then the build; remembers the build's artifact for the workspace."""
+        hack = await anyio.to_thread.run_sync(static_verdict, workspace, task)
+        if hack is not None:
+            return Prepared(verdict=hack)
+        build = await self.pool.build(workspace)
+        self.builds[Path(workspace).resolve()] = build
+        if not build.result.ok:
+            return Prepared(build=build, verdict=Verdict(status=VerdictStatus.COMPILE_ERROR, message=build.result.log))
+        return Prepared(build=build)
+
+    async def compile(self, workspace: Path, task: Task) -> CompileResult:
+        prepared = await self.prepare(workspace, task)
+        if prepared.build is None:
+            return CompileResult(ok=False, log=_findings_log(prepared.verdict))
+        return prepared.build.result
+
+    async def verify(self, workspace: Path, task: Task) -> VerifyResult:
+        prepared = await self.prepare(workspace, task)
+        if prepared.verdict is not None:
+            return to_verify_result(_before_run(prepared.verdict))
+        verdict = await verify_workspace(self._queue(), workspace, task, prepared.build.artifact.so_path, "quick",
+                                         config=self.config.verify, deadline_s=self.config.job_deadline_s)
+        return to_verify_result(verdict)
+
+    async def profile(self, workspace: Path, task: Task) -> ProfileResult:
+        prepared = await self.prepare(workspace, task)
+        if prepared.verdict is not None:
+            return ProfileResult(ok=False, message=_before_run(prepared.verdict).message)
+        outcome = await self.time(workspace, task, prepared.build)
+        return to_profile_result(outcome)
+
+    async def time(self, workspace: Path, task: Task, build: Build) -> Profile:
+        """A profile job for a built workspace; the task's baselines are measured once per env."""
+        key = task_sha256(task.source)
+        outcome = await profile_workspace(self._queue(), workspace, task, build.artifact.so_path,
+                                          config=self.config.profile, baselines=self.baselines.get(key),
+                                          deadline_s=self.config.job_deadline_s)
+        if outcome.baselines is not None:
+            self.baselines[key] = outcome.baselines
+        return outcome
+
+    async def final_verdict(self, workspace: Path, task: Task, build: Build) -> Verdict:
+        """Final-mode verification of a built workspace (rewards.evaluate)."""
+        return await verify_workspace(self._queue(), workspace, task, build.artifact.so_path, "final",
+                                      config=self.config.verify, deadline_s=self.config.job_deadline_s)
+
+    def _queue(self) -> GpuQueue:
+        if self.queue is None:
+            raise NoGpuError("this machine has no GPU: verify and profile need one (compile works)")
+        return self.queue
+
+
+def _findings_log(verdict: Verdict) -> str:
+    lines = [str(f) for f in verdict.findings if f.blocking]
+    head = f"static checks rejected the workspace ({verdict.hack.value}); fix these before compiling:"
+    return "\n".join([head, *lines])
+
+
+def _before_run(verdict: Verdict) -> Verdict:
+    """The verdict of a workspace that never reached the GPU, with a message for the agent."""
+    if verdict.status is VerdictStatus.HACK:
+        return Verdict(status=verdict.status, hack=verdict.hack, message=_findings_log(verdict),
+                       findings=verdict.findings)
+    return Verdict(status=verdict.status, message=f"the workspace does not build; run compile:\n{verdict.message}")
+
+
+async def detect_gpus(config: EnvConfig) -> tuple[int, ...]:
+    if config.gpus:
+        return config.gpus
+    try:
+        return tuple(range(await count_gpus(config.queue.python)))
+    except (OSError, ValueError, IndexError, subprocess.CalledProcessError):
+        return ()
+
+
+def queue_config(config: EnvConfig, gpus: tuple[int, ...]) -> GpuQueueConfig:
+    sandbox = config.sandbox == "on" or (config.sandbox == "auto" and shutil.which(config.queue.bwrap_path) is not None)
+    handlers = {"profile": PROFILE_HANDLER, **config.queue.handlers}
+    return GpuQueueConfig(**{**_fields(config.queue), "gpus": gpus, "sandbox": sandbox, "handlers": handlers})
+
+
+def _fields(struct: Struct) -> dict:
+    return {name: getattr(struct, name) for name in struct.__struct_fields__}
+
+
+@asynccontextmanager
+async def open_kernel_env(config: EnvConfig = EnvConfig()) -> AsyncIterator[RewardsKernelEnv]:
+    """The compile pool and, where GPUs exist, the GPU queue, for the lifetime of the block."""
+    pool = await anyio.to_thread.run_sync(CompilePool, config.compile)
+    gpus = await detect_gpus(config)
+    if not gpus:
+        yield RewardsKernelEnv(pool, None, config)
+        return
+    async with GpuQueue(queue_config(config, gpus)) as queue:
+        yield RewardsKernelEnv(pool, queue, config)
+
+
+__all__ = ["EnvConfig", "NoGpuError", "Prepared", "RewardsKernelEnv", "open_kernel_env", "pristine_files",
+           "static_verdict"]

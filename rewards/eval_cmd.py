@@ -1,0 +1,133 @@
+"""`cuda-agent eval`: evaluate one solution the way the trainer does.
+
+    cuda-agent eval --task model.py --solution WORKSPACE_DIR [--json]
+
+WORKSPACE_DIR is a workspace in our layout (model_new.py, kernels/<name>.cu,
+kernels/<name>_binding.cpp); only those files are read, as in training (`rewards.evaluate`).
+It runs the static checks, the build, final-mode verification and profiling, and prints the
+verdict, the hack category, the three times and the reward; `--json` prints the flat
+reward_info dict instead.
+
+Exit status: 0 the solution is correct and was timed; 1 it failed (hack, no build, wrong answer,
+crash); 2 the command line, the task or the solution is unusable (including single-file
+KernelBench solutions, not yet supported: their load_inline build would run inside the
+candidate child); 3 no GPU on this machine (the static checks and the build still ran, and a
+failure there is still 1); 4 the evaluation itself broke (no compiler, a task whose reference
+cannot run, a broken worker), with the reason and no traceback.
+
+What it is not: a benchmark of many solutions (bench/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+import tempfile
+from pathlib import Path
+
+import orjson
+
+from agentcore import runtime
+from agentcore.types import Task
+from rewards.env import EnvConfig, NoGpuError, open_kernel_env
+from rewards.evaluate import FinalEvaluator, snapshot_solution
+from rewards.profile import ProfileInfrastructureError
+from rewards.toolchain import ToolchainError
+from rewards.verdict import Score, VerdictStatus, reward_info
+from rewards.verify import VerifyInfrastructureError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_GPU, EXIT_BROKEN = 0, 1, 2, 3, 4
+TASK_NAMES = ("Model", "get_inputs", "get_init_inputs")
+
+
+class UsageError(Exception):
+    """A task or solution this command cannot evaluate; the message says why."""
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="cuda-agent eval", description=__doc__.split("\n")[0])
+    parser.add_argument("--task", required=True, help="KernelBench-format model.py (the reference)")
+    parser.add_argument("--solution", required=True, help="a workspace directory in our layout")
+    parser.add_argument("--json", action="store_true", help="print reward_info as JSON")
+    return parser.parse_args(argv)
+
+
+def load_task_file(path: Path) -> Task:
+    """The task, checked for KernelBench's three names without running it."""
+    if not path.is_file():
+        raise UsageError(f"task file {path} does not exist or is not a file")
+    source = path.read_text(errors="replace")
+    try:
+        tree = ast.parse(source, filename=str(path))
+    except SyntaxError as exc:
+        raise UsageError(f"task file {path} is not valid Python: {exc}") from None
+    defined = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    missing = [name for name in TASK_NAMES if name not in defined]
+    if missing:
+        raise UsageError(f"task file {path} is not in KernelBench format: it does not define {', '.join(missing)}")
+    return Task(task_id=path.stem, source=source, name=path.stem)
+
+
+def check_solution(path: Path) -> Path:
+    if path.is_file():
+        raise UsageError(f"{path}: single-file solutions (KernelBench load_inline): not yet supported; "
+                         "pass a workspace directory with model_new.py and kernels/")
+    if not path.is_dir():
+        raise UsageError(f"solution {path} does not exist")
+    if not (path / "model_new.py").is_file():
+        raise UsageError(f"solution directory {path} has no model_new.py")
+    return path
+
+
+def _ms(value) -> str:
+    return f"{value:.4f} ms" if isinstance(value, float) else "-"
+
+
+def describe(score: Score) -> str:
+    info = reward_info(score)
+    lines = [f"verdict: {info['status']}"]
+    if info["hack"]:
+        lines.append(f"hack: {info['hack']}")
+    if score.verdict.message and not score.verdict.ok:
+        lines.append(f"message: {score.verdict.message[:2000]}")
+    lines += [f"candidate: {_ms(info.get('candidate_ms'))}", f"eager: {_ms(info.get('eager_ms'))}",
+              f"torch.compile: {_ms(info.get('compile_ms'))}", f"reward: {score.reward:g}"]
+    return "\n".join(lines)
+
+
+async def evaluate(task: Task, solution: Path, config: EnvConfig) -> tuple[Score | None, str]:
+    """The Score (None when it needs a GPU this machine lacks) and a note about the machine."""
+    async with open_kernel_env(config) as env:
+        note = "" if env.queue is not None else "this machine has no GPU: only the static checks and the build ran"
+        with tempfile.TemporaryDirectory(prefix="eval-") as scratch:
+            snapshot = snapshot_solution(solution, task, Path(scratch) / "ws")
+            prepared = await env.prepare(snapshot, task)
+            try:
+                return await FinalEvaluator(env).evaluate_prepared(snapshot, task, prepared), note
+            except NoGpuError:
+                return None, f"static checks passed and the build succeeded; {note}"
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    try:
+        task = load_task_file(Path(args.task))
+        solution = check_solution(Path(args.solution))
+    except (UsageError, OSError) as exc:
+        print(f"cuda-agent eval: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        score, note = runtime.run(evaluate, task, solution, EnvConfig())
+    except (ToolchainError, VerifyInfrastructureError, ProfileInfrastructureError) as exc:
+        print(f"cuda-agent eval: the evaluation itself failed (a broken task or machine): {exc}", file=sys.stderr)
+        return EXIT_BROKEN
+    if note:
+        print(f"cuda-agent eval: {note}", file=sys.stderr)
+    if score is None:
+        return EXIT_NO_GPU
+    if args.json:
+        print(orjson.dumps(reward_info(score)).decode())
+    else:
+        print(describe(score))
+    return EXIT_OK if score.verdict.status is VerdictStatus.OK else EXIT_FAILED

@@ -1,0 +1,133 @@
+"""The trusted final evaluation of a finished trajectory: an agentcore `Scorer`.
+
+What it is: `FinalEvaluator.score(trajectory, tools, task)` copies the agent's solution files out
+of the workspace into a fresh directory (`snapshot_solution`), adds model.py from the task and the
+fixed files from agentcore's assets, then runs the static checks, the build, final-mode
+verification and profiling through a `RewardsKernelEnv`, and scores the result with
+`rewards.reward.score`. The trajectory comes back with `reward` and `reward_info`.
+
+What it is not: the agent's tools (`rewards.env`). Nothing is read from the workspace but
+model_new.py and kernels/<name>.cu / kernels/<name>_binding.cpp, regular files only: a symlink,
+a modified model.py or binding.cpp, a stray header or a planted extension module in the
+workspace never reaches the evaluation. Local headers (kernels/*.cuh) are not copied either, so a
+solution that includes one fails to build here.
+
+Every failure of the candidate (a hack, no build, a wrong answer, a crash while timed) is a
+`Score` with `config.fail_reward` and the reason in reward_info; infrastructure errors raise.
+
+Example:
+    async with open_kernel_env() as env:
+        evaluator = FinalEvaluator(env)
+        scored = await evaluator.score(trajectory, tools, task)   # scored.reward, scored.reward_info
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+import anyio
+import msgspec
+from msgspec import Struct
+
+from agentcore.types import Task, Trajectory
+from rewards.env import Prepared, RewardsKernelEnv, pristine_files
+from rewards.profile import Profile
+from rewards.reward import RewardConfig, score
+from rewards.verdict import Score, Verdict, VerdictStatus, reward_info
+
+KERNEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.cu|_binding\.cpp)$")
+MAX_FILE_BYTES = 1 << 20
+
+
+class EvaluateConfig(Struct, frozen=True, kw_only=True):
+    reward: RewardConfig = RewardConfig()
+    """How a verdict and three timings become a reward."""
+    scratch_root: str = ""
+    """Parent of the per-evaluation snapshot dirs; '' means the system temp dir."""
+
+
+def _read_regular(path: Path) -> bytes | None:
+    """The bytes of a regular file that is not a symlink (checked on the open fd), else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_FILE_BYTES:
+            return None
+        return f.read(MAX_FILE_BYTES + 1)[:MAX_FILE_BYTES]
+
+
+def solution_files(workspace: Path) -> dict[str, bytes]:
+    """model_new.py and kernels/<name>.cu, kernels/<name>_binding.cpp of `workspace`, regular
+    files only; everything else is ignored."""
+    workspace = Path(workspace)
+    files: dict[str, bytes] = {}
+    if (data := _read_regular(workspace / "model_new.py")) is not None:
+        files["model_new.py"] = data
+    kernels = workspace / "kernels"
+    if kernels.is_dir() and not kernels.is_symlink():
+        for entry in sorted(os.scandir(kernels), key=lambda e: e.name):
+            if KERNEL_NAME.match(entry.name) and (data := _read_regular(Path(entry.path))) is not None:
+                files[f"kernels/{entry.name}"] = data
+    return files
+
+
+def snapshot_solution(workspace: Path, task: Task, dest: Path) -> Path:
+    """A fresh directory `dest` holding the agent's solution files and the pristine files."""
+    dest.mkdir(parents=True)
+    (dest / "kernels").mkdir()
+    for rel, data in {**solution_files(workspace), **pristine_files(task)}.items():
+        (dest / rel).write_bytes(data)
+    return dest
+
+
+class FinalEvaluator:
+    """The trainer's Scorer: snapshot, check, build, verify (final), profile, score.
+
+    Example:
+        evaluator = FinalEvaluator(env, EvaluateConfig())
+        result = await evaluator.evaluate(Path("ws"), task)   # a rewards.verdict.Score
+    """
+
+    def __init__(self, env: RewardsKernelEnv, config: EvaluateConfig = EvaluateConfig()) -> None:
+        self.env, self.config = env, config
+
+    async def score(self, trajectory: Trajectory, tools, task: Task) -> Trajectory:
+        result = await self.evaluate(Path(tools.workspace.path), task)
+        return msgspec.structs.replace(trajectory, reward=result.reward, reward_info=reward_info(result))
+
+    async def evaluate(self, workspace: Path, task: Task) -> Score:
+        """The Score of the solution in `workspace` (only its solution files are read)."""
+        root = Path(self.config.scratch_root or tempfile.gettempdir())
+        scratch = Path(await anyio.to_thread.run_sync(lambda: tempfile.mkdtemp(prefix="final-", dir=root)))
+        try:
+            snapshot = await anyio.to_thread.run_sync(snapshot_solution, workspace, task, scratch / "ws")
+            prepared = await self.env.prepare(snapshot, task)
+            return await self.evaluate_prepared(snapshot, task, prepared)
+        finally:
+            await anyio.to_thread.run_sync(lambda: shutil.rmtree(scratch, ignore_errors=True))
+
+    async def evaluate_prepared(self, snapshot: Path, task: Task, prepared: Prepared) -> Score:
+        """Verify and profile a checked, built snapshot (raises NoGpuError without a GPU)."""
+        if prepared.verdict is not None:
+            return score(prepared.verdict, None, None, None, self.config.reward)
+        verdict = await self.env.final_verdict(snapshot, task, prepared.build)
+        if not verdict.ok:
+            return score(verdict, None, None, None, self.config.reward)
+        timed = await self.env.time(snapshot, task, prepared.build)
+        return self._scored(verdict, timed)
+
+    def _scored(self, verdict: Verdict, timed: Profile) -> Score:
+        if not timed.ok or timed.candidate is None:
+            verdict = msgspec.structs.replace(verdict, status=VerdictStatus.RUNTIME_ERROR, message=timed.message)
+        return score(verdict, timed.candidate, timed.eager, timed.compiled, self.config.reward)
+
+
+__all__ = ["EvaluateConfig", "FinalEvaluator", "snapshot_solution", "solution_files"]

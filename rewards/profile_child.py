@@ -1,0 +1,70 @@
+"""The profile child: `python -P -s -m rewards.profile_child --read-fd R --write-fd W`.
+
+What it is: the process that runs candidate code while it is timed. It reads one
+`rewards.profile.TimeCandidate`, builds ModelNew exactly as the verification child does
+(`rewards.candidate.build_model`: extension by path, model_new.py by path, the parent's state_dict
+loaded strictly), draws input sets from the task's get_inputs under `input_seed + i` (as the
+baselines do), times forward with `rewards.baselines.measure_model` and answers one `Timed`.
+
+What it is not: a judge or a verifier; the reference Model is dropped from the task namespace and
+never runs here. It is a separate module from `rewards.candidate` so that the verification
+protocol stays untouched.
+
+How it is used: started by `rewards.profile.ProfileChild`, one per profiled candidate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from rewards import probes
+from rewards.baselines import measure_model
+from rewards.candidate import _die_with_parent, build_model, describe_exception
+from rewards.inputs import load_task
+from rewards.profile import TimeCandidate, Timed, time_request_decoder
+from rewards.verify_wire import ChildGone, Pipe
+
+
+def make_inputs_fn(source: str, input_seed: int, device: str):
+    task = load_task(source, keep_model=False)
+
+    def make_inputs(i: int) -> tuple:
+        torch.manual_seed(input_seed + i)
+        with torch.device(device):
+            values = task.get_inputs()
+        return tuple(v.to(device) if isinstance(v, torch.Tensor) else v for v in values)
+
+    return make_inputs
+
+
+def time_candidate(msg: TimeCandidate) -> Timed:
+    probes.pin_precision()  # the numerics the candidate was verified under
+    try:
+        model = build_model(msg.load)
+        make_inputs = make_inputs_fn(msg.load.task_source, msg.input_seed, msg.load.device)
+        measurement = measure_model(model, make_inputs, msg.config)
+    except BaseException as exc:  # noqa: BLE001 - a candidate that fails here is a result
+        return Timed(ok=False, error=describe_exception(exc))
+    return Timed(ok=True, measurement=measurement)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rewards.profile_child", description=__doc__.split("\n")[0])
+    parser.add_argument("--read-fd", type=int, required=True)
+    parser.add_argument("--write-fd", type=int, required=True)
+    args = parser.parse_args(argv)
+    _die_with_parent()
+    pipe = Pipe(args.read_fd, args.write_fd)
+    try:
+        msg = pipe.receive(time_request_decoder)
+    except ChildGone:
+        return 0
+    pipe.send(time_candidate(msg))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""The real KernelEnv and the final evaluation on a GPU, through `open_kernel_env` (compile pool
+plus GPU queue with the verify and profile handlers): an honest demo compiles, verifies and is
+timed with positive times and earns a reward of at least 1; a dynamic cheat earns -1.
+
+KernelBench sizes are the real ones, so this takes minutes:
+`python -m pytest -m gpu tests/test_env_gpu.py`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from agentcore.types import Task
+from rewards.compile_pool import CompileConfig
+from rewards.env import EnvConfig, open_kernel_env, pristine_files
+from rewards.evaluate import FinalEvaluator
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "rl" / "demos" / "l1_19_relu"
+ZEROS = REPO / "tests" / "fixtures" / "cheats_dynamic" / "zeros_output"
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc"),
+]
+
+
+def task_of(fixture: Path) -> Task:
+    return Task(task_id=fixture.name, source=(fixture / "model.py").read_text())
+
+
+def make_workspace(fixture: Path, root: Path) -> Path:
+    ws = root / fixture.name
+    shutil.copytree(fixture, ws, ignore=shutil.ignore_patterns("cheat.json"))
+    for rel, data in pristine_files(task_of(fixture)).items():
+        (ws / rel).write_bytes(data)
+    return ws
+
+
+def env_config(tmp_path: Path) -> EnvConfig:
+    return EnvConfig(gpus=(0,), compile=CompileConfig(cache_dir=str(tmp_path / "compile-cache")))
+
+
+async def test_demo_compiles_verifies_and_profiles(tmp_path):
+    ws, task = make_workspace(DEMO, tmp_path), task_of(DEMO)
+    async with open_kernel_env(env_config(tmp_path)) as env:
+        compiled = await env.compile(ws, task)
+        assert compiled.ok, compiled.log
+        verified = await env.verify(ws, task)
+        assert verified.ok, verified.message
+        timed = await env.profile(ws, task)
+    assert timed.ok, timed.message
+    assert timed.candidate_ms > 0 and timed.eager_ms > 0 and timed.compile_ms > 0
+
+
+async def test_final_evaluator_rewards_the_honest_demo(tmp_path):
+    ws, task = make_workspace(DEMO, tmp_path), task_of(DEMO)
+    async with open_kernel_env(env_config(tmp_path)) as env:
+        result = await FinalEvaluator(env).evaluate(ws, task)
+    assert result.verdict.ok, result.verdict.message
+    assert result.reward >= 1
+
+
+async def test_final_evaluator_gives_a_dynamic_cheat_minus_one(tmp_path):
+    ws, task = make_workspace(ZEROS, tmp_path), task_of(ZEROS)
+    async with open_kernel_env(env_config(tmp_path)) as env:
+        result = await FinalEvaluator(env).evaluate(ws, task)
+    assert result.reward == -1
+    assert not result.verdict.ok
