@@ -12,8 +12,10 @@ import sys
 # name -> (module:function, one-line help). The function takes argv and returns an exit code.
 COMMANDS: dict[str, tuple[str, str]] = {
     "rollout": ("agentcore.rollout_cmd:main", "run the agent over a task file and store trajectories"),
-    "smoke": ("rl.smoke:main", "quick end-to-end run of the agent on demonstration tasks"),
+    "smoke": ("rl.smoke:main", "the quick end-to-end training run: tiny model, RFT on demonstrations, PPO steps"),
     "eval": ("rewards.eval_cmd:main", "evaluate one solution the way the trainer does"),
+    "train": ("rl.train:main", "train the agent: a recipe, a stage, dotted overrides, --resume"),
+    "plot": ("rl.plot:main", "draw a run's training curves to PNG"),
 }
 
 

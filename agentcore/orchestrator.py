@@ -197,6 +197,7 @@ class Orchestrator:
             renderer=runner.renderer,
             parser=runner.parser,
             config=runner.config,
+            opening=runner.opening,
         )
         self._aborts: dict[str, anyio.CancelScope] = {}
         self._status: Counter[str] = Counter()

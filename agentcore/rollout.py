@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import anyio
 from msgspec import Struct
@@ -180,8 +180,17 @@ class _Episode:
 class RolloutRunner:
     """Runs trajectories with one engine, renderer, parser and config (shared, stateless)."""
 
-    def __init__(self, *, engine: Engine, renderer: Renderer, parser: Parser, config: RolloutConfig):
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        renderer: Renderer,
+        parser: Parser,
+        config: RolloutConfig,
+        opening: Callable[[Task], list[Message]] = first_messages,
+    ):
         self.engine, self.renderer, self.parser, self.config = engine, renderer, parser, config
+        self.opening = opening  # the first messages of a task (the single-turn stage has its own)
         self._tokenizer_threads = anyio.CapacityLimiter(config.tokenizer_threads)
 
     async def run(
@@ -195,7 +204,7 @@ class RolloutRunner:
     ) -> Trajectory:
         """Run one trajectory to its end. `abort`, when cancelled by the caller, ends it as
         ABORTED with everything produced so far."""
-        prompt = self.renderer.prompt_ids(messages or first_messages(task))
+        prompt = self.renderer.prompt_ids(messages or self.opening(task))
         ep = _Episode(task, ids, prompt)
         abort = abort or anyio.CancelScope()
         with abort:

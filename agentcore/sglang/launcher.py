@@ -201,7 +201,7 @@ class SGLangServer:
     async def _start_locked(self) -> None:
         if self._run is not None:
             raise SGLangServerError(f"server on port {self.config.port} is already running")
-        if not _port_free(self.config.host, self.config.port):
+        if not port_free(self.config.host, self.config.port):
             # Otherwise a stale server on the port would answer our health probes.
             raise SGLangServerError(f"port {self.config.port} on {self.config.host} is in use")
         self._run = _Run(await self._spawn())
@@ -260,7 +260,7 @@ class SGLangServer:
             return
         run.stopping = True
         with anyio.CancelScope(shield=True):
-            await _terminate_group(run.process, self.config.shutdown_grace_s)
+            await terminate_group(run.process, self.config.shutdown_grace_s)
 
     async def _recover_locked(self, run: _Run) -> None:
         """The current process exited without being asked: restart it, or give up."""
@@ -283,7 +283,7 @@ class SGLangServer:
         )
 
 
-def _port_free(host: str, port: int) -> bool:
+def port_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -293,7 +293,7 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-async def _terminate_group(process: Process, grace_s: float) -> None:
+async def terminate_group(process: Process, grace_s: float) -> None:
     """SIGTERM the process group, wait up to `grace_s` for the leader, then SIGKILL the group
     (also members that outlived a leader that exited) and wait, bounded, until it is gone."""
     pgid = process.pid  # start_new_session: the leader's pid is the group id

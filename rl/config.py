@@ -1,0 +1,193 @@
+"""The whole configuration of a training run, as one typed tree of frozen Structs.
+
+What it is: `TrainConfig` and its sections, dotted overrides from the command line
+(`ppo.clip_high=0.3`, `layout.learner_gpus=[0,1]`), and saving the resolved config with the run.
+What it is not: the named runs themselves (`rl/recipes.py` returns whole configs) or the
+component configs that live next to their owners (`ModelConfig` in `rl/models.py`, `PPOConfig`
+in `rl/update.py`, `EmbeddedEngineConfig` in `rl/engine/embedded.py`, ...).
+
+Example:
+    cfg = apply_overrides(recipes.smoke(), ["steps.ppo=4", "ppo.clip_high=0.3"])
+    save_config(cfg, run_dir)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import orjson
+from msgspec import Struct
+
+from agentcore.orchestrator import OrchestratorConfig
+from agentcore.rollout import RolloutConfig
+from agentcore.sandbox import SandboxConfig
+from rewards.env import EnvConfig
+from rl.engine.embedded import EmbeddedEngineConfig
+from rl.models import ModelConfig
+from rl.update import PPOConfig
+from rl.weight_sync import WeightSyncConfig
+
+Stage = Literal["single_turn", "rft", "value", "ppo", "smoke"]
+
+
+class OptimConfig(Struct, frozen=True, kw_only=True):
+    """AdamW for actor and critic (the paper: actor 3e-6, critic 6e-6)."""
+
+    actor_lr: float = 3e-6
+    """Actor learning rate."""
+    critic_lr: float = 6e-6
+    """Critic learning rate."""
+    sft_lr: float = 1e-5
+    """Learning rate of rejection fine-tuning (actor)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW betas."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up, in optimizer steps."""
+
+
+class LayoutConfig(Struct, frozen=True, kw_only=True):
+    """Which GPUs do what. On an 8-GPU node: the learner ranks and their colocated engines on
+    six GPUs, verification and profiling exclusive on two. On one GPU everything shares it, and
+    timing is less stable (documented in the README)."""
+
+    learner_gpus: tuple[int, ...] = (0,)
+    """GPUs of the FSDP2 learner ranks; each also hosts an embedded engine replica."""
+    verify_gpus: tuple[int, ...] = (0,)
+    """GPUs of the verification/profiling queue."""
+    cpu: bool = False
+    """Run the learner on CPU (gloo) - tests and the CPU smoke variant."""
+    port_base: int = 0
+    """First HTTP port of the learner ranks (rank r listens on port_base + r); 0 = pick free."""
+
+
+class EngineSection(Struct, frozen=True, kw_only=True):
+    """Where rollouts are generated: the embedded engine in each learner rank, or SGLang."""
+
+    kind: Literal["embedded", "sglang"] = "embedded"
+    """`embedded` (default, no server needed) or `sglang` (give urls)."""
+    urls: tuple[str, ...] = ()
+    """SGLang server URLs when kind is sglang."""
+    embedded: EmbeddedEngineConfig = EmbeddedEngineConfig()
+    """The embedded engine of each rank."""
+    family: str = "hermes"
+    """Tool-call format of the chat template."""
+
+
+class DataConfig(Struct, frozen=True, kw_only=True):
+    """Where tasks come from and how a step draws them."""
+
+    tasks: str = "demos"
+    """`demos` (the bundled demonstration tasks), or a task file / directory for agentcore.tasks."""
+    tokenizer: str = ""
+    """Tokenizer directory; empty = the model's directory, or the built-in tiny tokenizer."""
+    tasks_per_step: int = 8
+    """Distinct tasks per PPO step."""
+    samples_per_task: int = 4
+    """Trajectories per task per step."""
+    demos: int = 4
+    """Demonstration tasks driven through the real tools for rejection fine-tuning (smoke)."""
+    seed: int = 0
+    """Seed of the task order (the data position is the step)."""
+
+
+class StepsConfig(Struct, frozen=True, kw_only=True):
+    """How many updates each stage runs."""
+
+    single_turn: int = 20
+    """Single-turn warm-up PPO steps."""
+    rft: int = 20
+    """Rejection fine-tuning optimizer steps."""
+    rft_epochs: int = 2
+    """Passes over the kept trajectories per RFT step budget."""
+    value: int = 10
+    """Value pretraining steps."""
+    ppo: int = 150
+    """Agentic PPO steps (the paper: 150)."""
+
+
+class CheckpointConfig(Struct, frozen=True, kw_only=True):
+    every_steps: int = 10
+    """Save every N steps (and at the end of a stage)."""
+    keep: int = 3
+    """Checkpoints kept."""
+    export_hf: bool = True
+    """Also export the actor as a Hugging Face directory at each checkpoint."""
+
+
+class TrainConfig(Struct, frozen=True, kw_only=True):
+    """Everything `cuda-agent train` runs with; saved as RUN/config.json."""
+
+    recipe: str = "custom"
+    """Name of the recipe this came from."""
+    run_dir: str = "runs/train"
+    """Where checkpoints, trajectories and metrics go."""
+    stage: Stage = "ppo"
+    """What to run (`smoke` chains rft -> value -> ppo on demonstrations)."""
+    init_from: str = ""
+    """Run directory (or HF directory) whose latest actor/critic start this stage."""
+    model: ModelConfig = ModelConfig()
+    ppo: PPOConfig = PPOConfig()
+    optim: OptimConfig = OptimConfig()
+    steps: StepsConfig = StepsConfig()
+    data: DataConfig = DataConfig()
+    layout: LayoutConfig = LayoutConfig()
+    engine: EngineSection = EngineSection()
+    rollout: RolloutConfig = RolloutConfig()
+    orchestrator: OrchestratorConfig = OrchestratorConfig()
+    sandbox: SandboxConfig = SandboxConfig()
+    env: Literal["fake", "real"] = "real"
+    """Kernel environment: `real` (compile pool + GPU queue) or `fake` (CPU tests)."""
+    kernel_env: EnvConfig = EnvConfig()
+    weight_sync: WeightSyncConfig = WeightSyncConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    max_staleness: int = 0
+    """0 = strictly on-policy; k > 0 lets rollouts of step s+1 overlap training of step s and
+    accepts trajectories sampled up to k weight versions behind."""
+    seed: int = 0
+
+
+def apply_overrides(cfg: TrainConfig, overrides: list[str]) -> TrainConfig:
+    """Apply `a.b.c=value` overrides; the value is parsed as JSON when it can be, else a string.
+    Unknown keys and ill-typed values raise ValueError naming the key."""
+    tree = msgspec.to_builtins(cfg)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ValueError(f"override {item!r} is not key=value")
+        node = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                raise ValueError(f"override {key!r}: {part!r} is not a config section")
+            node = node[part]
+        if leaf not in node:
+            raise ValueError(f"override {key!r}: unknown key {leaf!r} (have: {', '.join(sorted(node))})")
+        node[leaf] = _parse_value(raw)
+    try:
+        return msgspec.convert(tree, TrainConfig)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"bad override: {exc}") from None
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw
+
+
+def save_config(cfg: TrainConfig, run_dir: Path) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "config.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_bytes(orjson.dumps(msgspec.to_builtins(cfg), option=orjson.OPT_INDENT_2))
+    tmp.replace(path)
+    return path
+
+
+def load_config(run_dir: Path) -> TrainConfig:
+    return msgspec.convert(orjson.loads((run_dir / "config.json").read_bytes()), TrainConfig)

@@ -1,0 +1,146 @@
+"""One learner rank: the FSDP2-sharded actor and critic, their optimizers, and the embedded
+engine replica colocated on the same GPU.
+
+What it is: the synchronous, torch-side half of a rank. Every method is a collective: all ranks
+call it in the same order (the driver sends each command to every rank), and each runs in a
+worker thread of the rank's event loop (`rl/rank.py`) so the HTTP server stays responsive.
+What it is not: the process or the HTTP routes (`rl/rank.py`), the math (`rl/update.py`), or
+the driver (`rl/learner_client.py`).
+
+Example (inside a rank, world size 1 on CPU):
+    learner = Learner.build(cfg, init_distributed())
+    metrics = learner.step("ppo", samples)
+    learner.publish_weights(load)        # -> engine, weight version + 1
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+import msgspec
+import numpy as np
+import torch
+
+from rl import checkpoint
+from rl.config import TrainConfig
+from rl.fsdp import Dist, apply_activation_checkpointing, full_state_items, shard
+from rl.models import build_actor, build_critic, layers
+from rl.packing import balance
+from rl.samples import Sample
+from rl.update import ppo_step, sft_step, value_step
+
+log = logging.getLogger("cuda-agent.learner")
+
+Bucket = list[tuple[str, torch.Tensor]]
+
+
+class Learner:
+    """Actor + critic + optimizers of one rank (see module docstring)."""
+
+    def __init__(self, cfg: TrainConfig, dist: Dist, actor, critic) -> None:
+        self.cfg, self.dist, self.actor, self.critic = cfg, dist, actor, critic
+        o = cfg.optim
+        self.actor_opt = torch.optim.AdamW(actor.parameters(), lr=o.actor_lr, betas=o.betas, weight_decay=o.weight_decay)
+        self.critic_opt = torch.optim.AdamW(critic.parameters(), lr=o.critic_lr, betas=o.betas, weight_decay=o.weight_decay)
+        self.version = 0
+        self.optimizer_steps = 0
+
+    @classmethod
+    def build(cls, cfg: TrainConfig, dist: Dist) -> Learner:
+        _seed_everything(cfg.seed)  # same init on every rank before sharding
+        actor = build_actor(cfg.model, dist.device)
+        critic = build_critic(cfg.model, dist.device)
+        for module in (actor, critic):
+            if cfg.model.gradient_checkpointing:
+                apply_activation_checkpointing(module, layers(module))
+            shard(module, layers=layers(module), mixed_precision=dist.device.type == "cuda")
+        _seed_everything(cfg.seed + 1000 * dist.rank)  # sampling/dropout streams differ per rank
+        return cls(cfg, dist, actor, critic)
+
+    # -- updates ------------------------------------------------------------------------------
+
+    def step(self, kind: str, samples: list[Sample]) -> dict[str, float]:
+        """One update of `kind` (ppo | sft | value) on this rank's share of `samples`."""
+        t0 = time.perf_counter()
+        self._set_lr(kind)
+        device, ppo = self.dist.device, self.cfg.ppo
+        samples = balance(samples, self.dist.world_size, self.dist.rank)  # this rank's share, by tokens
+        if kind == "ppo":
+            metrics = ppo_step(self.actor, self.critic, self.actor_opt, self.critic_opt, samples, ppo, device)
+        elif kind == "sft":
+            metrics = sft_step(self.actor, self.actor_opt, samples, ppo, device)
+        elif kind == "value":
+            metrics = value_step(self.critic, self.critic_opt, samples, ppo, device)
+        else:
+            raise ValueError(f"unknown update kind {kind!r}")
+        self.optimizer_steps += 1
+        metrics["train_s"] = time.perf_counter() - t0
+        return metrics
+
+    def _set_lr(self, kind: str) -> None:
+        o = self.cfg.optim
+        warm = min(1.0, (self.optimizer_steps + 1) / o.warmup_steps) if o.warmup_steps else 1.0
+        actor_lr = o.sft_lr if kind == "sft" else o.actor_lr
+        for group in self.actor_opt.param_groups:
+            group["lr"] = actor_lr * warm
+        for group in self.critic_opt.param_groups:
+            group["lr"] = o.critic_lr * warm
+
+    # -- weights out --------------------------------------------------------------------------
+
+    def weight_buckets(self) -> Iterable[Bucket]:
+        """Full (unsharded) actor tensors under their Hugging Face names, bucket by bucket.
+        A collective: every rank iterates it to the end."""
+        return full_state_items(self.actor, self.cfg.weight_sync.bucket_bytes)
+
+    def publish_weights(self, load: Callable[[Bucket], None]) -> dict[str, float]:
+        """Gather the actor and hand each bucket to `load` (the engine's in-place loader); the
+        new weight version is the number of actor updates so far."""
+        t0 = time.perf_counter()
+        nbytes = 0
+        for bucket in self.weight_buckets():
+            load(bucket)
+            nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
+        self.version = self.optimizer_steps
+        return {"weight_sync_s": time.perf_counter() - t0, "weight_sync_bytes": float(nbytes), "version": self.version}
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    def save(self, run_dir: Path, step: int, extra: dict) -> None:
+        extra = dict(extra, version=self.version, optimizer_steps=self.optimizer_steps)
+        checkpoint.save(
+            run_dir, step, actor=self.actor, critic=self.critic,
+            actor_opt=self.actor_opt, critic_opt=self.critic_opt, extra=extra,
+            keep=self.cfg.checkpoint.keep,
+        )
+
+    def load(self, run_dir: Path) -> tuple[int, dict] | None:
+        found = checkpoint.load_latest(
+            run_dir, actor=self.actor, critic=self.critic, actor_opt=self.actor_opt, critic_opt=self.critic_opt
+        )
+        if found is not None:
+            step, extra = found
+            self.version = int(extra.get("version", step))
+            self.optimizer_steps = int(extra.get("optimizer_steps", step))
+        return found
+
+    def export(self, out_dir: Path, tokenizer_dir: str) -> None:
+        checkpoint.export_hf(self.actor, tokenizer_dir, out_dir)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def decode_samples(data: bytes) -> list[Sample]:
+    return msgspec.msgpack.decode(data, type=list[Sample])
+
+
+def encode_samples(samples: list[Sample]) -> bytes:
+    return msgspec.msgpack.encode(samples)

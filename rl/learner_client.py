@@ -1,0 +1,199 @@
+"""The driver's handle on the learner ranks: starts them, sends each command to every rank, and
+stops them.
+
+What it is: `LearnerGroup`, an async context manager owned by `cuda-agent train`. It launches
+the ranks as one process group (`torchrun` over the learner GPUs, or a single `python -m
+rl.rank` for one rank), waits until every rank's HTTP server answers, and then exposes the
+learner commands (`step`, `sync_weights`, `save`, `load`, `release`, `resume`) and the ranks'
+engine URLs (each rank serves SGLang's native API for its embedded engine).
+What it is not: the training loop (`rl/train.py`) or the rank itself (`rl/rank.py`).
+
+A command goes to all ranks at once and returns rank 0's answer; a rank that errs, or a
+process group that dies, raises `LearnerError` with the rank's message and the log tail.
+
+Example:
+    async with LearnerGroup(cfg, run_dir) as learner:
+        metrics = await learner.step("ppo", samples, step=3)
+        await learner.sync_weights()
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+from anyio.abc import Process
+
+from agentcore.sglang.launcher import port_free, terminate_group
+from rl.config import TrainConfig
+from rl.learner import encode_samples
+from rl.samples import Sample
+
+log = logging.getLogger("cuda-agent.learner")
+
+STARTUP_TIMEOUT_S = 1800.0  # a 1.5B model on a cold machine: imports, init, FSDP, first compile
+COMMAND_TIMEOUT_S = 7200.0
+
+
+class LearnerError(RuntimeError):
+    """A learner rank failed a command or the rank processes died."""
+
+
+class LearnerGroup:
+    """The learner ranks of a run (see module docstring)."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path) -> None:
+        self.cfg, self.run_dir = cfg, run_dir
+        self.world_size = max(1, len(cfg.layout.learner_gpus))
+        self.port_base = cfg.layout.port_base or _free_port_run(self.world_size)
+        self.urls = [f"http://127.0.0.1:{self.port_base + r}" for r in range(self.world_size)]
+        self.log_path = run_dir / "learner.log"
+        self._process: Process | None = None
+        self._http: httpx.AsyncClient | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> LearnerGroup:
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(COMMAND_TIMEOUT_S, connect=10.0))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as logf:
+            self._process = await anyio.open_process(
+                self.command(), env=self.environment(), stdout=logf, stderr=logf, start_new_session=True
+            )
+        try:
+            await self._wait_ready()
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            if self._process is not None and self._process.returncode is None:
+                with anyio.move_on_after(10):
+                    await self._post_all("/learner/shutdown", {}, check=False)
+                await terminate_group(self._process, grace_s=20.0)
+            if self._http is not None:
+                await self._http.aclose()
+            self._process = self._http = None
+
+    def command(self) -> list[str]:
+        args = ["-m", "rl.rank", "--run-dir", str(self.run_dir), "--port-base", str(self.port_base)]
+        if self.world_size == 1:
+            return [sys.executable, *args]
+        master = _free_port_run(1, start=29500)
+        return [
+            sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={self.world_size}",
+            "--master-addr=127.0.0.1", f"--master-port={master}", *args,
+        ]
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if self.cfg.layout.cpu:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.cfg.layout.learner_gpus))
+        if self.world_size == 1:
+            env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(_free_port_run(1, start=29600)))
+        return env
+
+    async def _wait_ready(self) -> None:
+        with anyio.fail_after(STARTUP_TIMEOUT_S):
+            pending = set(self.urls)
+            while pending:
+                if self._process.returncode is not None:
+                    raise LearnerError(f"learner ranks exited with {self._process.returncode}:\n{self.log_tail()}")
+                for url in list(pending):
+                    try:
+                        r = await self._http.get(url + "/health", timeout=2.0)
+                        if r.status_code == 200:
+                            pending.discard(url)
+                    except httpx.HTTPError:
+                        pass
+                if pending:
+                    await anyio.sleep(0.5)
+        log.info("learner: %d rank(s) ready at %s", self.world_size, ", ".join(self.urls))
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no learner log)"
+
+    # -- commands -----------------------------------------------------------------------------
+
+    async def step(self, kind: str, samples: list[Sample], *, step: int) -> dict[str, float]:
+        """One `kind` update (ppo | sft | value) on the global batch `samples`."""
+        batches = self.run_dir / "batches"
+        batches.mkdir(exist_ok=True)
+        path = batches / f"{kind}_{step:06d}.msgpack"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(encode_samples(samples))
+        tmp.replace(path)
+        answer = await self._post_all("/learner/step", {"kind": kind, "batch_path": str(path)})
+        path.unlink(missing_ok=True)
+        return answer["metrics"]
+
+    async def sync_weights(self) -> dict[str, float]:
+        """Push the actor's weights into every rank's embedded engine; returns timing and the
+        new weight version."""
+        return (await self._post_all("/learner/sync", {}))["metrics"]
+
+    async def save(self, step: int, extra: dict[str, Any], *, export: bool) -> None:
+        await self._post_all("/learner/save", {"step": step, "extra": extra, "export": export})
+
+    async def load(self, source: Path | None = None) -> tuple[int, dict[str, Any]] | None:
+        """Restore the latest checkpoint of `source` (default: this run); None when there is none."""
+        answer = await self._post_all("/learner/load", {"run_dir": str(source or self.run_dir)})
+        return (answer["step"], answer["extra"]) if answer.get("found") else None
+
+    async def release(self) -> None:
+        await self._post_all("/learner/release", {})
+
+    async def resume(self) -> None:
+        await self._post_all("/learner/resume", {})
+
+    async def info(self) -> dict[str, Any]:
+        r = await self._http.get(self.urls[0] + "/learner/info")
+        return r.json()
+
+    async def _post_all(self, path: str, body: dict[str, Any], *, check: bool = True) -> dict[str, Any]:
+        answers: list[dict[str, Any] | None] = [None] * self.world_size
+
+        async def one(rank: int) -> None:
+            answers[rank] = await self._post(self.urls[rank], path, body, check=check)
+
+        async with anyio.create_task_group() as tg:
+            for rank in range(self.world_size):
+                tg.start_soon(one, rank)
+        return answers[0] or {}
+
+    async def _post(self, url: str, path: str, body: dict[str, Any], *, check: bool) -> dict[str, Any]:
+        try:
+            r = await self._http.post(url + path, json=body)
+        except httpx.HTTPError as exc:
+            if not check:
+                return {}
+            raise LearnerError(f"{path} on {url}: {exc!r}\n{self.log_tail()}") from None
+        data = r.json() if r.content else {}
+        if check and (r.status_code != 200 or not data.get("success", True)):
+            raise LearnerError(f"{path} on {url} failed ({r.status_code}): {data.get('message', data)}\n{self.log_tail()}")
+        return data
+
+
+def _free_port_run(n: int, start: int = 31000) -> int:
+    """First port p >= start with p .. p+n-1 all free on loopback."""
+    for base in range(start, 60000, max(n, 1)):
+        if all(port_free("127.0.0.1", base + i) for i in range(n)):
+            return base
+    raise LearnerError("no free loopback ports for the learner ranks")
+

@@ -1,0 +1,232 @@
+"""The learner's two networks: the actor (policy) and the critic (value model), plus their sizes.
+
+What it is: `Actor` wraps a Hugging Face causal LM and returns, for packed sequences, the
+log-prob of each target token and the entropy of each next-token distribution, in fp32, without
+ever building the full [T, vocab] logits; `Critic` is the same backbone without the LM head and
+with a scalar value head. `build_actor` / `build_critic` load them from a local HF directory or
+initialise them at random from a Qwen2-style config dict; `tiny_qwen2_config` / `qwen2_config`
+give such dicts; `flops_per_token` and `count_params` feed the MFU figures.
+What it is not: sharding, mixed precision or activation checkpointing. `rl/fsdp.py` applies all
+three (`shard`, `apply_activation_checkpointing` over `layers(module)`); `ModelConfig.
+gradient_checkpointing` is read by the caller that builds the learner, never here. Nothing here
+casts dtypes inside `forward`, so FSDP2's `MixedPrecisionPolicy` decides the compute dtype.
+
+Packed inputs (one [1, T] row holding several documents): the backbone is called with
+`attention_mask=None`, `use_cache=False` and `position_ids` restarting at 0 for each document;
+transformers 5 then masks attention per document (sdpa, eager and flex_attention alike).
+
+Example:
+    cfg = ModelConfig(hf_config=tiny_qwen2_config(vocab_size=32))
+    actor, critic = build_actor(cfg, "cpu"), build_critic(cfg, "cpu")
+    logprobs, entropy = actor(input_ids, position_ids, targets)   # [1, T] fp32 each
+    values = critic(input_ids, position_ids)                       # [1, T] fp32
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from msgspec import Struct
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+class ModelConfig(Struct, frozen=True, kw_only=True):
+    """Where the weights come from and how the forward pass is computed."""
+
+    path: str | None = None
+    """Local HF directory (config.json + safetensors); None = random init from `hf_config`."""
+    hf_config: dict[str, Any] | None = None
+    """A Qwen2-style config dict for random init when `path` is None."""
+    attn_implementation: str = "auto"
+    """"auto" = "flex_attention" on CUDA (needs head_dim >= 16), "sdpa" on CPU; or any HF name."""
+    param_dtype: str = "float32"
+    """Dtype of the master weights (FSDP2 casts to bf16 for compute)."""
+    gradient_checkpointing: bool = True
+    """Checkpoint each decoder layer; applied by `rl.fsdp.apply_activation_checkpointing`."""
+    logprob_chunk_tokens: int = 1024
+    """Tokens per chunk of the LM head + log-softmax (bounds the fp32 logits to chunk x vocab)."""
+    seed: int = 0
+    """Seed of the random init (actor and critic backbones start equal)."""
+
+
+class Actor(nn.Module):
+    """A causal LM that returns per-token log-probs and entropies of packed sequences."""
+
+    def __init__(self, lm: nn.Module, logprob_chunk_tokens: int = 4096) -> None:
+        super().__init__()
+        self.lm = lm
+        self.logprob_chunk_tokens = logprob_chunk_tokens
+
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """logprobs[t] = log p(targets[t] | tokens <= t) and the entropy at t; [1, T] fp32 each.
+
+        The caller passes targets = input_ids shifted left by one within each document.
+        """
+        hidden = self.lm.base_model(
+            input_ids=input_ids, position_ids=position_ids, attention_mask=None, use_cache=False
+        ).last_hidden_state  # [1, T, H]
+        head = self.lm.get_output_embeddings()
+        hidden, targets = hidden[0], targets[0]  # [T, H], [T]
+        logprobs, entropy = [], []
+        for start in range(0, hidden.shape[0], self.logprob_chunk_tokens):
+            end = start + self.logprob_chunk_tokens
+            # Recomputed in backward: only one chunk's [c, vocab] logits is ever alive.
+            lp, ent = checkpoint(_head_logprobs, head, hidden[start:end], targets[start:end], use_reentrant=False)
+            logprobs.append(lp)
+            entropy.append(ent)
+        return torch.cat(logprobs)[None], torch.cat(entropy)[None]
+
+
+def _head_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of `targets` and entropy under head(hidden), in fp32; [c] each."""
+    logits = head(hidden).float()  # [c, V]; upcast so log-softmax of a bf16 head is exact enough
+    lse = torch.logsumexp(logits, dim=-1)  # [c]
+    logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
+    entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return logprobs, entropy
+
+
+class Critic(nn.Module):
+    """The actor's backbone with a scalar value head: values[t] = V(state after tokens <= t)."""
+
+    def __init__(self, backbone: nn.Module) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = nn.Linear(backbone.config.hidden_size, 1)
+        # Zero init: every state starts at value 0 (the mean-free baseline), so the first
+        # advantages are the rewards themselves and the head learns from there.
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.backbone(
+            input_ids=input_ids, position_ids=position_ids, attention_mask=None, use_cache=False
+        ).last_hidden_state  # [1, T, H]
+        return self.value_head(hidden).squeeze(-1).float()  # [1, T]
+
+
+def build_actor(cfg: ModelConfig, device: torch.device | str) -> Actor:
+    """The actor on `device`, from `cfg.path` or at random from `cfg.hf_config` (seeded)."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs = _load_kwargs(cfg, device)
+    if cfg.path is not None:
+        lm = AutoModelForCausalLM.from_pretrained(cfg.path, local_files_only=True, **kwargs)
+    else:
+        lm = _random_causal_lm(cfg, kwargs)
+    return Actor(lm, cfg.logprob_chunk_tokens).to(device)
+
+
+def build_critic(cfg: ModelConfig, device: torch.device | str) -> Critic:
+    """The critic on `device`: the actor's backbone (same path or same seeded init), zero value head."""
+    from transformers import AutoModel
+
+    kwargs = _load_kwargs(cfg, device)
+    if cfg.path is not None:
+        backbone = AutoModel.from_pretrained(cfg.path, local_files_only=True, **kwargs)
+    else:
+        # The backbone of the same seeded causal LM, so actor and critic start from equal weights
+        # as they do when both load one checkpoint.
+        backbone = _random_causal_lm(cfg, kwargs).base_model
+    return Critic(backbone).to(device=device, dtype=getattr(torch, cfg.param_dtype))
+
+
+def _load_kwargs(cfg: ModelConfig, device: torch.device | str) -> dict[str, Any]:
+    attn = cfg.attn_implementation
+    if attn == "auto":
+        attn = "flex_attention" if torch.device(device).type == "cuda" else "sdpa"
+    return {"attn_implementation": attn, "dtype": getattr(torch, cfg.param_dtype)}
+
+
+def _random_causal_lm(cfg: ModelConfig, kwargs: dict[str, Any]) -> nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if cfg.hf_config is None:
+        raise ValueError("ModelConfig needs `path` or `hf_config`")
+    fields = dict(cfg.hf_config)
+    hf_cfg = AutoConfig.for_model(fields.pop("model_type", "qwen2"), **fields)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        return AutoModelForCausalLM.from_config(hf_cfg, **kwargs)
+
+
+def layers(module: nn.Module) -> list[nn.Module]:
+    """The decoder blocks of an Actor, a Critic or an HF model (FSDP2 units, checkpoint units)."""
+    if isinstance(module, Actor):
+        module = module.lm
+    elif isinstance(module, Critic):
+        module = module.backbone
+    return list(module.base_model.layers)
+
+
+def hf_model(actor: Actor) -> nn.Module:
+    """The wrapped HF causal LM (its state-dict names are the checkpoint's names)."""
+    return actor.lm
+
+
+def count_params(module: nn.Module, *, trainable_only: bool = False) -> int:
+    """Number of parameters (distinct tensors once: tied embeddings count once)."""
+    params = {id(p): p for p in module.parameters() if p.requires_grad or not trainable_only}
+    return sum(p.numel() for p in params.values())
+
+
+def flops_per_token(hf_config: dict[str, Any], seq_len: int) -> float:
+    """Training FLOPs (forward + backward) per token of a causal LM: 6 N + 12 L H S.
+
+    N counts every matmul weight a token passes through: the decoder layers and the LM head (the
+    embedding lookup is free, tied or not); 12 L H S is the attention score and value matmuls
+    over a context of S tokens (PaLM appendix B; no discount for the causal mask).
+    """
+    c = hf_config
+    h, layers_n, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
+    head_dim = c.get("head_dim") or h // c["num_attention_heads"]
+    q_dim, kv_dim = c["num_attention_heads"] * head_dim, c["num_key_value_heads"] * head_dim
+    attn = h * q_dim + 2 * h * kv_dim + q_dim * h
+    mlp = 3 * h * c["intermediate_size"]
+    n = layers_n * (attn + mlp) + vocab * h
+    return 6.0 * n + 12.0 * layers_n * q_dim * seq_len
+
+
+def tiny_qwen2_config(
+    vocab_size: int,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 128,
+    max_position: int = 4096,
+) -> dict[str, Any]:
+    """A small Qwen2 config dict for tests, benchmarks and the smoke run."""
+    return _qwen2(vocab_size, hidden, layers, heads, kv_heads, intermediate, max_position)
+
+
+def qwen2_config(size: str, vocab_size: int = 151936) -> dict[str, Any]:
+    """The architecture of Qwen2-0.5B or Qwen2-1.5B (random init; for sizing and benchmarks)."""
+    shapes = {"0.5b": (896, 24, 14, 2, 4864), "1.5b": (1536, 28, 12, 2, 8960)}
+    if size not in shapes:
+        raise ValueError(f"unknown Qwen2 size {size!r}; expected one of {sorted(shapes)}")
+    hidden, layers_n, heads, kv_heads, intermediate = shapes[size]
+    return _qwen2(vocab_size, hidden, layers_n, heads, kv_heads, intermediate, 32768)
+
+
+def _qwen2(vocab, hidden, layers_n, heads, kv_heads, intermediate, max_position) -> dict[str, Any]:
+    return {
+        "model_type": "qwen2",
+        "architectures": ["Qwen2ForCausalLM"],
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "num_hidden_layers": layers_n,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "intermediate_size": intermediate,
+        "max_position_embeddings": max_position,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+        "use_sliding_window": False,
+    }

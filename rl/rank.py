@@ -1,0 +1,186 @@
+"""A learner rank process: `python -m rl.rank --run-dir RUN --port-base P` (under torchrun for
+several GPUs, started by `rl/learner_client.py`).
+
+What it is: the process that owns one GPU's share of the learner (FSDP2 actor and critic) and,
+colocated on the same GPU, an embedded engine replica. One HTTP server on port P + rank speaks
+SGLang's native API for the engine (so the orchestrator reaches it with the same client as a
+real SGLang server) and the learner commands under `/learner/`:
+  POST /learner/step     {kind, batch_path}   one update on this rank's share of the batch
+  POST /learner/sync     {}                   actor weights -> this rank's engine, version + 1
+  POST /learner/save     {step, extra, export} checkpoint (collective), HF export on rank 0
+  POST /learner/load     {run_dir}            restore the latest checkpoint of run_dir
+  POST /learner/release | /learner/resume     free / restore the engine's memory around training
+  GET  /learner/info                          rank, world size, device, version
+  POST /learner/shutdown                      stop serving and exit
+Commands are collectives: the driver sends each to every rank, and they run one at a time in a
+worker thread, so generation requests and health checks are still answered meanwhile.
+What it is not: the driver (`rl/learner_client.py`) or the update math (`rl/update.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import traceback
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import anyio
+import msgspec
+import torch
+
+from rl.config import TrainConfig, load_config
+from rl.engine.embedded import EmbeddedEngine, resolve_dtype
+from rl.engine.http import HttpServer, HttpServerConfig
+from rl.engine.server import EngineServer, EngineServerConfig
+from rl.fsdp import Dist, close_distributed, init_distributed
+from rl.learner import Learner, decode_samples
+from rl.models import hf_model
+
+log = logging.getLogger("cuda-agent.rank")
+
+
+class Rank:
+    """The learner and engine of this process, and the command handlers over them."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path, dist: Dist, learner: Learner, engine: EmbeddedEngine | None):
+        self.cfg, self.run_dir, self.dist, self.learner, self.engine = cfg, run_dir, dist, learner, engine
+        self.commands = anyio.CapacityLimiter(1)  # collectives run one at a time, in order
+        self.stop = anyio.Event()
+
+    async def _in_thread(self, fn: Callable[[], Any]) -> Any:
+        return await anyio.to_thread.run_sync(fn, limiter=self.commands)
+
+    async def step(self, body: dict) -> dict:
+        samples = decode_samples(Path(body["batch_path"]).read_bytes())
+        metrics = await self._in_thread(lambda: self.learner.step(body["kind"], samples))
+        return {"metrics": metrics}
+
+    async def sync(self, body: dict) -> dict:
+        if self.engine is None:  # SGLang engines: the driver pushes weights (rl/weight_sync.py)
+            return {"metrics": {"version": self.learner.optimizer_steps}}
+        engine = self.engine
+        await engine.begin_update()
+        ok = False
+        try:
+            load = lambda bucket: anyio.from_thread.run(engine.load_bucket, bucket)  # noqa: E731
+            metrics = await self._in_thread(lambda: self.learner.publish_weights(load))
+            ok = True
+        finally:
+            engine.end_update(self.learner.version if ok else None)
+        return {"metrics": metrics}
+
+    async def save(self, body: dict) -> dict:
+        step = int(body["step"])
+        await self._in_thread(lambda: self.learner.save(self.run_dir, step, body.get("extra", {})))
+        if body.get("export"):
+            out = self.run_dir / "hf"
+            await self._in_thread(lambda: self.learner.export(out, self.cfg.data.tokenizer))
+        return {}
+
+    async def load(self, body: dict) -> dict:
+        found = await self._in_thread(lambda: self.learner.load(Path(body["run_dir"])))
+        if found is None:
+            return {"found": False}
+        return {"found": True, "step": found[0], "extra": found[1]}
+
+    async def release(self, body: dict) -> dict:
+        if self.engine is not None:
+            await self.engine.release_memory(["kv_cache"])
+        return {}
+
+    async def resume(self, body: dict) -> dict:
+        if self.engine is not None:
+            await self.engine.resume_memory(["kv_cache"])
+        return {}
+
+    async def info(self, body: dict) -> dict:
+        d = self.dist
+        return {"rank": d.rank, "world_size": d.world_size, "device": str(d.device),
+                "version": self.learner.version, "optimizer_steps": self.learner.optimizer_steps}
+
+    async def shutdown(self, body: dict) -> dict:
+        self.stop.set()
+        return {}
+
+    def routes(self) -> dict[tuple[str, str], Callable[[Any], Awaitable[tuple[int, Any]]]]:
+        table = {
+            ("POST", "/learner/step"): self.step, ("POST", "/learner/sync"): self.sync,
+            ("POST", "/learner/save"): self.save, ("POST", "/learner/load"): self.load,
+            ("POST", "/learner/release"): self.release, ("POST", "/learner/resume"): self.resume,
+            ("GET", "/learner/info"): self.info, ("POST", "/learner/shutdown"): self.shutdown,
+        }
+        return {key: _answering(fn) for key, fn in table.items()}
+
+
+def _answering(fn: Callable[[dict], Awaitable[dict]]) -> Callable[[Any], Awaitable[tuple[int, Any]]]:
+    """A failed command answers 500 with the traceback (the driver raises LearnerError with it)."""
+
+    async def handler(body: Any) -> tuple[int, Any]:
+        try:
+            return 200, {"success": True, **(await fn(body or {}))}
+        except Exception as exc:
+            log.exception("command failed")
+            return 500, {"success": False, "message": f"{exc!r}\n{traceback.format_exc(limit=6)}"}
+
+    return handler
+
+
+def build_engine(cfg: TrainConfig, dist: Dist, learner: Learner) -> EmbeddedEngine | None:
+    """This rank's engine replica: the actor's architecture in the engine's dtype on this
+    rank's device; its weights arrive with the first sync."""
+    if cfg.engine.kind != "embedded":
+        return None
+    from transformers import AutoModelForCausalLM
+
+    ecfg = msgspec.structs.replace(cfg.engine.embedded, device=str(dist.device))
+    with torch.device(dist.device):
+        model = AutoModelForCausalLM.from_config(
+            copy.deepcopy(hf_model(learner.actor).config),
+            dtype=resolve_dtype(ecfg.dtype, dist.device),
+            attn_implementation=ecfg.attn_implementation,
+        )
+    return EmbeddedEngine(model, ecfg)
+
+
+async def serve(rank: Rank, port: int) -> None:
+    async with anyio.create_task_group() as tg:
+        if rank.engine is not None:
+            server = EngineServer(rank.engine, EngineServerConfig(port=port, model_path=str(rank.run_dir)),
+                                  routes=rank.routes())
+            await tg.start(rank.engine.serve)
+        else:
+            server = HttpServer({**rank.routes(), ("GET", "/health"): _ok}, HttpServerConfig(port=port))
+        await tg.start(server.serve)
+        log.info("rank %d serving on port %d", rank.dist.rank, port)
+        await rank.stop.wait()
+        tg.cancel_scope.cancel()
+
+
+async def _ok(body: Any) -> tuple[int, Any]:
+    return 200, {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="rl.rank")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--port-base", type=int, required=True)
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s rank: %(message)s")
+    run_dir = Path(a.run_dir)
+    cfg = load_config(run_dir)
+    dist = init_distributed()
+    if dist.device.type == "cpu":
+        torch.set_num_threads(max(1, torch.get_num_threads() // dist.world_size))
+    learner = Learner.build(cfg, dist)
+    rank = Rank(cfg, run_dir, dist, learner, build_engine(cfg, dist, learner))
+    try:
+        anyio.run(serve, rank, a.port_base + dist.rank, backend_options={"use_uvloop": True})
+    finally:
+        close_distributed()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,112 @@
+"""Named runs: Python functions that return a whole `TrainConfig`.
+
+    smoke       - the README's main job: a tiny random model on the bundled demonstration tasks,
+                  rejection fine-tuning on demonstrations driven through the real tools, value
+                  pretraining, then a few PPO steps with real compile / verify / profile on one
+                  GPU (or the fake kernel environment on a machine without one);
+    single_gpu  - a real model on one GPU: learner, engine and verification share it (timing is
+                  less stable than with an exclusive verification GPU);
+    node_8gpu   - the paper's layout on one 8-GPU node: learner + colocated engines on GPUs 0-5,
+                  verification and profiling exclusive on GPUs 6-7; global batch 1024.
+Each takes no arguments; the command line applies dotted overrides on top
+(`cuda-agent train --recipe single_gpu --set model.path=/models/qwen --set steps.ppo=50`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import msgspec
+
+from agentcore.orchestrator import OrchestratorConfig
+from agentcore.rollout import RolloutConfig
+from rl.config import (
+    CheckpointConfig,
+    DataConfig,
+    EngineSection,
+    LayoutConfig,
+    OptimConfig,
+    StepsConfig,
+    TrainConfig,
+)
+from rl.engine.embedded import EmbeddedEngineConfig
+from rl.models import ModelConfig, qwen2_config, tiny_qwen2_config
+from rl.update import PPOConfig
+
+TINY_VOCAB = 1792  # the built-in tiny tokenizer (1757 tokens) rounded up to a multiple of 64
+
+
+def smoke() -> TrainConfig:
+    return TrainConfig(
+        recipe="smoke",
+        run_dir="runs/smoke",
+        stage="smoke",
+        model=ModelConfig(
+            hf_config=tiny_qwen2_config(TINY_VOCAB, hidden=128, layers=2, heads=4, kv_heads=2,
+                                        intermediate=256, max_position=16384),
+            gradient_checkpointing=False,
+        ),
+        ppo=PPOConfig(token_budget=16384),
+        optim=OptimConfig(actor_lr=1e-4, critic_lr=1e-4, sft_lr=2e-3),
+        steps=StepsConfig(rft=12, value=2, ppo=3),
+        data=DataConfig(tasks="demos", demos=4, tasks_per_step=4, samples_per_task=2),
+        rollout=RolloutConfig(max_turns=8, max_new_tokens=1024, max_context_tokens=12288,
+                              tool_timeout_s=600.0, seed=0),
+        orchestrator=OrchestratorConfig(workers=16, model_slots=16, compile_slots=4, gpu_slots=1),
+        engine=EngineSection(embedded=EmbeddedEngineConfig(max_batch_size=16)),
+        checkpoint=CheckpointConfig(every_steps=1000, keep=2, export_hf=True),
+        env="real",
+    )
+
+
+def smoke_cpu() -> TrainConfig:
+    """The smoke run on a machine without a GPU: learner on CPU, fake kernel environment."""
+    cfg = smoke()
+    return msgspec.structs.replace(
+        cfg,
+        recipe="smoke_cpu",
+        env="fake",
+        layout=LayoutConfig(cpu=True, learner_gpus=(0,), verify_gpus=()),
+        steps=StepsConfig(rft=4, value=1, ppo=2),
+        data=msgspec.structs.replace(cfg.data, demos=2, tasks_per_step=2, samples_per_task=1),
+        rollout=msgspec.structs.replace(cfg.rollout, max_turns=3, max_new_tokens=64),
+        ppo=PPOConfig(token_budget=8192),
+    )
+
+
+def single_gpu() -> TrainConfig:
+    return TrainConfig(
+        recipe="single_gpu",
+        run_dir="runs/single_gpu",
+        stage="ppo",
+        model=ModelConfig(hf_config=qwen2_config("0.5b"), gradient_checkpointing=True),
+        ppo=PPOConfig(token_budget=16384),
+        data=DataConfig(tasks_per_step=16, samples_per_task=4),
+        rollout=RolloutConfig(max_turns=40, max_new_tokens=4096, max_context_tokens=32768),
+        orchestrator=OrchestratorConfig(workers=64, model_slots=64, compile_slots=8, gpu_slots=1),
+    )
+
+
+def node_8gpu() -> TrainConfig:
+    return TrainConfig(
+        recipe="node_8gpu",
+        run_dir="runs/node_8gpu",
+        stage="ppo",
+        model=ModelConfig(hf_config=qwen2_config("1.5b"), gradient_checkpointing=True),
+        ppo=PPOConfig(token_budget=32768),
+        optim=OptimConfig(),
+        steps=StepsConfig(ppo=150),
+        data=DataConfig(tasks_per_step=128, samples_per_task=8),  # global batch 1024 (the paper)
+        layout=LayoutConfig(learner_gpus=(0, 1, 2, 3, 4, 5), verify_gpus=(6, 7)),
+        rollout=RolloutConfig(max_turns=150, max_new_tokens=8192, max_context_tokens=131072),
+        orchestrator=OrchestratorConfig(workers=512, model_slots=384, compile_slots=32, gpu_slots=2),
+        engine=EngineSection(embedded=EmbeddedEngineConfig(max_batch_size=64)),
+    )
+
+
+RECIPES: dict[str, Callable[[], TrainConfig]] = {
+    "smoke": smoke,
+    "smoke_cpu": smoke_cpu,
+    "single_gpu": single_gpu,
+    "node_8gpu": node_8gpu,
+}

@@ -1,0 +1,179 @@
+"""Everything a training run holds open, in one place: the tree under `cuda-agent train`.
+
+What it is: `open_run(cfg)`, which opens (and on exit closes, shielded) the kernel environment
+(compile pool + GPU queue, or the fake one), the learner ranks with their embedded engines, the
+engine clients (one per rank, behind the sticky router), the metrics writer, and returns a
+`Run` whose `rollouts()` runs a batch of tasks through the orchestrator into a resumable
+trajectory file.
+
+    cuda-agent train (this process, one anyio task-group tree)
+      |- kernel env: compile pool (subprocesses) + GPU queue (worker process per GPU)
+      |- learner ranks (torchrun process group): FSDP2 actor/critic + embedded engine + HTTP
+      |- orchestrator per rollout batch -> engines (HTTP) / tools (sandbox) / scorer
+      `- metrics: JSON lines + TensorBoard
+What it is not: the order of stages (`rl/stages.py`) or the command line (`rl/train.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import AsyncIterator, Callable
+
+import msgspec
+
+from agentcore.chat import ChatRenderer
+from agentcore.engine import Engine
+from agentcore.kernel_env import FakeKernelEnv, KernelEnv
+from agentcore.orchestrator import Orchestrator, Resources, WorkItem, collect
+from agentcore.rollout import RolloutConfig, RolloutRunner, first_messages
+from agentcore.sandbox import Sandbox
+from agentcore.session import WorkspaceTools
+from agentcore.sglang import Router, SGLangClient, SGLangClientConfig
+from agentcore.store import TrajectoryStore
+from agentcore.tiny_tokenizer import build_tiny_tokenizer, load_tokenizer
+from agentcore.toolparse import tool_schemas
+from agentcore.types import Message, Task, Trajectory
+from rl.config import TrainConfig, save_config
+from rl.learner_client import LearnerGroup
+from rl.metrics import MetricsWriter
+from rl.scoring import EnvScorer
+
+log = logging.getLogger("cuda-agent.train")
+
+
+class Run:
+    """The open parts of a training run (see module docstring)."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path, renderer: ChatRenderer, learner: LearnerGroup,
+                 engine: Engine, env: KernelEnv, scorer, stats: Callable[[], dict]) -> None:
+        self.cfg, self.run_dir, self.renderer, self.learner = cfg, run_dir, renderer, learner
+        self.engine, self.env, self.scorer = engine, env, scorer
+        self.resources = Resources(cfg.orchestrator)
+        self.env_statistics = stats
+        self.metrics: MetricsWriter | None = None  # opened by the plan once the start step is known
+        self.pools: dict[str, list] = {}  # what rft / value pretraining learn from, collected once
+        self.version = 0  # weight version of the engines
+        self.collect_metrics: dict[str, float] = {}  # rollout metrics of the last collection
+        # Workspaces live in a fresh system temp dir the sandbox's unprivileged uid can traverse
+        # (a run dir may sit under a 0700 directory); removed when the run closes.
+        self.workspaces = Path(tempfile.mkdtemp(prefix="cuda-agent-ws-"))
+        self.workspaces.chmod(0o711)
+
+    def close_workspaces(self) -> None:
+        shutil.rmtree(self.workspaces, ignore_errors=True)
+
+    def open_metrics(self, start_step: int) -> MetricsWriter:
+        self.metrics = MetricsWriter(self.run_dir, start_step=start_step)
+        return self.metrics
+
+    def close_metrics(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+
+    async def rollouts(
+        self,
+        items: list[WorkItem],
+        *,
+        tag: str,
+        engine: Engine | None = None,
+        parser=None,
+        opening: Callable[[Task], list[Message]] = first_messages,
+        max_turns: int | None = None,
+        rollout: RolloutConfig | None = None,
+    ) -> list[Trajectory]:
+        """Run `items` to scored trajectories, stored in `rollouts/{tag}.jsonl`; a rerun of the
+        same tag after a crash keeps what finished and redoes only the rest."""
+        config = rollout or self.cfg.rollout
+        if max_turns is not None:
+            config = msgspec.structs.replace(config, max_turns=max_turns)
+        runner = RolloutRunner(
+            engine=engine or self.engine, renderer=self.renderer,
+            parser=parser or self.renderer.parser, config=config, opening=opening,
+        )
+        tools = WorkspaceTools(
+            root=self.workspaces, sandbox=Sandbox(self.cfg.sandbox),
+            kernel_env=self.resources.kernel_env(self.env),
+        )
+        path = self.run_dir / "rollouts" / f"{tag}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        async with TrajectoryStore(path) as store:
+            orch = Orchestrator(runner=runner, tools=tools, config=self.cfg.orchestrator,
+                                resources=self.resources, store=store, scorer=self.scorer)
+            groups = await collect(orch, items)
+            # A resumed tag does not re-emit groups finished before the stop: take those from disk.
+            found = {(t.group_id, t.sample_index): t for t in store.existing()}
+        found |= {(t.group_id, t.sample_index): t for g in groups for t in g.trajectories}
+        return [found[k] for k in sorted(found)]
+
+
+def resolve_tokenizer(cfg: TrainConfig, run_dir: Path) -> str:
+    """The tokenizer directory: configured, the model's own, or the built-in tiny one."""
+    if cfg.data.tokenizer:
+        return cfg.data.tokenizer
+    if cfg.model.path:
+        return cfg.model.path
+    return str(build_tiny_tokenizer(run_dir / "tokenizer"))
+
+
+@asynccontextmanager
+async def open_run(cfg: TrainConfig) -> AsyncIterator[Run]:
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer_dir = resolve_tokenizer(cfg, run_dir)
+    cfg = msgspec.structs.replace(cfg, data=msgspec.structs.replace(cfg.data, tokenizer=tokenizer_dir))
+    tokenizer = load_tokenizer(tokenizer_dir)
+    _check_vocab(cfg, len(tokenizer))
+    save_config(cfg, run_dir)  # the ranks read it; also the record of the run
+    renderer = ChatRenderer(tokenizer, tool_schemas(), cfg.engine.family)
+    async with AsyncExitStack() as stack:
+        env, scorer, stats = await _kernel_env(cfg, stack)
+        learner = await stack.enter_async_context(LearnerGroup(cfg, run_dir))
+        engine = await _engine(cfg, learner, stack)
+        run = Run(cfg, run_dir, renderer, learner, engine, env, scorer, stats)
+        stack.callback(run.close_metrics)
+        stack.callback(run.close_workspaces)
+        yield run
+
+
+def _check_vocab(cfg: TrainConfig, vocab: int) -> None:
+    hf = cfg.model.hf_config
+    if hf and int(hf.get("vocab_size", 0)) < vocab:
+        raise SystemExit(f"model.hf_config.vocab_size {hf.get('vocab_size')} < tokenizer size {vocab}")
+
+
+async def _kernel_env(cfg: TrainConfig, stack: AsyncExitStack):
+    if cfg.env == "fake":
+        env = FakeKernelEnv()
+        return env, EnvScorer(env), lambda: {}
+    from rewards.env import open_kernel_env  # only the real environment needs nvcc and a GPU
+    from rewards.evaluate import FinalEvaluator
+
+    env_cfg = cfg.kernel_env
+    if not env_cfg.gpus and cfg.layout.verify_gpus:
+        env_cfg = msgspec.structs.replace(env_cfg, gpus=cfg.layout.verify_gpus)
+    env = await stack.enter_async_context(open_kernel_env(env_cfg))
+    return env, FinalEvaluator(env), lambda: _queue_stats(env)
+
+
+def _queue_stats(env) -> dict[str, float]:
+    queue = getattr(env, "queue", None)
+    if queue is None:
+        return {}
+    s = queue.statistics()
+    return {f"gpu_queue/{k}": float(v) for k, v in msgspec.to_builtins(s).items() if isinstance(v, (int, float))}
+
+
+async def _engine(cfg: TrainConfig, learner: LearnerGroup, stack: AsyncExitStack) -> Engine:
+    urls = list(cfg.engine.urls) if cfg.engine.kind == "sglang" else learner.urls
+    clients = [
+        await stack.enter_async_context(SGLangClient(SGLangClientConfig(base_url=u, retry_budget_s=120.0)))
+        for u in urls
+    ]
+    return clients[0] if len(clients) == 1 else Router(clients)
+
+
+__all__ = ["Run", "open_run", "resolve_tokenizer"]

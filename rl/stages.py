@@ -1,0 +1,216 @@
+"""The paper's training stages as steps of one plan, resumable at any step.
+
+What it is: `stage_plan(cfg)` (which stages, how many steps each) and `train(run)`, which walks
+the global step counter through the plan:
+  single_turn - PPO where one response holds the whole solution (warm-up, stage 1);
+  rft         - rejection fine-tuning: collect agent trajectories once, keep reward > 0 and drop
+                looping / tool-schema-violating ones, SFT on their action tokens;
+  value       - value pretraining: collect trajectories of the current policy once, fit the critic
+                to GAE targets;
+  ppo         - agentic PPO: roll out, score, update actor and critic, push weights, repeat.
+`smoke` chains rft -> value -> ppo on the bundled demonstration tasks.
+
+Resume: the data position is the global step (tasks for a step are a deterministic function of
+the seed and the step), rollouts of a step live in `rollouts/<stage>_<step>.jsonl` (a restarted
+step keeps its finished trajectories), and checkpoints record the next step to run.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from pathlib import Path
+
+
+from agentcore.orchestrator import WorkItem
+from agentcore.rollout import RolloutConfig
+from agentcore.tasks import load_tasks
+from agentcore.types import Status, Task, Trajectory
+from rl.config import TrainConfig
+from rl.demonstrations import demo_engine, demo_tasks
+from rl.metrics import ProgressBar, step_metrics
+from rl.run import Run
+from rl.samples import Sample, sample_from_trajectory
+from rl.selection import select_for_rft
+from rl.single_turn import SingleTurnParser, single_turn_messages
+
+log = logging.getLogger("cuda-agent.train")
+
+UNUSABLE = {Status.FAILED, Status.ENGINE_ERROR, Status.ABORTED}
+
+
+def stage_plan(cfg: TrainConfig) -> list[tuple[str, int]]:
+    s = cfg.steps
+    if cfg.stage == "smoke":
+        return [("rft", s.rft), ("value", s.value), ("ppo", s.ppo)]
+    return [(cfg.stage, getattr(s, cfg.stage))]
+
+
+def training_tasks(cfg: TrainConfig) -> list[Task]:
+    if cfg.data.tasks == "demos":
+        return [d.task for d in demo_tasks()]
+    tasks, problems = load_tasks(cfg.data.tasks)
+    for problem in problems:
+        log.error("skipping task: %s", problem)
+    if not tasks:
+        raise SystemExit(f"no usable tasks in {cfg.data.tasks}")
+    return tasks
+
+
+def tasks_for_step(tasks: list[Task], cfg: TrainConfig, step: int) -> list[WorkItem]:
+    """Tasks of global step `step`: consecutive slices of a seeded permutation, one per epoch."""
+    n = min(cfg.data.tasks_per_step, len(tasks))
+    start = step * n
+    epoch, offset = divmod(start, len(tasks))
+    order = list(range(len(tasks)))
+    random.Random(cfg.data.seed * 100003 + epoch).shuffle(order)
+    picked = [tasks[order[(offset + i) % len(tasks)]] for i in range(n)]
+    return [WorkItem(task=t, group_id=f"{t.task_id}@{step}", samples=cfg.data.samples_per_task) for t in picked]
+
+
+async def train(run: Run) -> list[dict]:
+    """Run the plan from wherever the run's checkpoints say; returns the metric rows written."""
+    cfg = run.cfg
+    found = await run.learner.load()
+    step = found[0] if found else 0
+    if found is None and cfg.init_from:
+        if await run.learner.load(Path(cfg.init_from)) is None:
+            raise SystemExit(f"init_from {cfg.init_from}: no checkpoint there")
+    run.version = int((await run.learner.sync_weights()).get("version", 0))  # engines start from the actor
+    metrics = run.open_metrics(step)
+    progress = ProgressBar(sum(n for _, n in stage_plan(cfg)), start_step=step)
+    rows, lo = [], 0
+    tasks = training_tasks(cfg)
+    for name, n in stage_plan(cfg):
+        hi = lo + n
+        for g in range(max(step, lo), hi):
+            row = await STEPS[name](run, tasks, g, g - lo)
+            row |= {"stage": name, "step": g, "stage_index": STAGE_INDEX[name]}
+            metrics.write(g, row)
+            progress.update(g, row)
+            rows.append(row)
+            log.info("step %d (%s %d/%d): %s", g, name, g - lo + 1, n, _brief(row))
+            if (g + 1) % cfg.checkpoint.every_steps == 0 or g + 1 == hi:
+                await run.learner.save(g + 1, {"stage": name, "step": g + 1}, export=cfg.checkpoint.export_hf)
+        lo = hi
+    progress.close()
+    return rows
+
+
+# -- one step of each stage ----------------------------------------------------------------------
+
+
+async def ppo_step(run: Run, tasks: list[Task], g: int, k: int, *, single_turn: bool = False) -> dict:
+    t0 = time.perf_counter()
+    items = tasks_for_step(tasks, run.cfg, g)
+    if single_turn:
+        trajs = await run.rollouts(items, tag=f"single_turn_{g:06d}", parser=SingleTurnParser(),
+                                   opening=single_turn_messages, max_turns=1)
+    else:
+        trajs = await run.rollouts(items, tag=f"ppo_{g:06d}")
+    t1 = time.perf_counter()
+    samples = usable_samples(trajs, run, g)
+    train = await run.learner.step("ppo", samples, step=g) if samples else {}
+    t2 = time.perf_counter()
+    sync = await run.learner.sync_weights() if samples else {}
+    run.version = int(sync.get("version", run.version))
+    t3 = time.perf_counter()
+    times = {"time/rollout_s": t1 - t0, "time/train_s": t2 - t1, "time/weight_sync_s": t3 - t2}
+    return _row(trajs, train, sync, times, run) | {"samples": len(samples)}
+
+
+async def single_turn_step(run: Run, tasks: list[Task], g: int, k: int) -> dict:
+    return await ppo_step(run, tasks, g, k, single_turn=True)
+
+
+async def rft_step(run: Run, tasks: list[Task], g: int, k: int) -> dict:
+    first = "rft" not in run.pools
+    kept = await _collected(run, tasks, "rft", select=True)
+    if not kept:
+        raise SystemExit("rejection fine-tuning: no trajectory with reward > 0 to learn from")
+    batch = _cyclic(kept, k, run.cfg.data.tasks_per_step * run.cfg.data.samples_per_task)
+    t0 = time.perf_counter()
+    train = await run.learner.step("sft", batch, step=g)
+    sync = await run.learner.sync_weights()
+    run.version = int(sync.get("version", run.version))
+    return {f"train/{k_}": v for k_, v in train.items()} | _sync(sync) | {
+        "time/train_s": time.perf_counter() - t0, "rft/kept": len(kept)} | (run.collect_metrics if first else {})
+
+
+async def value_step(run: Run, tasks: list[Task], g: int, k: int) -> dict:
+    pool = await _collected(run, tasks, "value", select=False)
+    batch = _cyclic(pool, k, run.cfg.data.tasks_per_step * run.cfg.data.samples_per_task)
+    t0 = time.perf_counter()
+    train = await run.learner.step("value", batch, step=g)
+    return {f"train/{k_}": v for k_, v in train.items()} | {"time/train_s": time.perf_counter() - t0}
+
+
+STAGE_INDEX = {"single_turn": 0, "rft": 1, "value": 2, "ppo": 3}
+STEPS = {"ppo": ppo_step, "single_turn": single_turn_step, "rft": rft_step, "value": value_step}
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+
+
+async def _collected(run: Run, tasks: list[Task], stage: str, *, select: bool) -> list[Sample]:
+    """The trajectories a stage learns from, collected once per run (`rollouts/<stage>_collect`)."""
+    if stage not in run.pools:
+        trajs = await _collect(run, tasks, stage)
+        run.collect_metrics = {f"collect/{k.split('/')[-1]}": v for k, v in step_metrics(trajs, max_response_tokens=None).items()}
+        if select:
+            kept, dropped = select_for_rft(trajs)
+            log.info("%s: kept %d of %d trajectories; dropped %s", stage, len(kept), len(trajs), dict(dropped))
+            trajs = kept
+        run.pools[stage] = [sample_from_trajectory(t) for t in trajs if t.reward is not None and t.status not in UNUSABLE]
+    return run.pools[stage]
+
+
+async def _collect(run: Run, tasks: list[Task], stage: str) -> list[Trajectory]:
+    cfg = run.cfg
+    items = [WorkItem(task=t, group_id=f"{t.task_id}@{stage}", samples=cfg.data.samples_per_task) for t in tasks]
+    trajs: list[Trajectory] = []
+    if stage == "rft" and cfg.data.demos > 0:
+        demos = demo_tasks(cfg.data.demos)
+        demo_items = [WorkItem(task=d.task, group_id=d.task.task_id, samples=1) for d in demos]
+        script = RolloutConfig(max_turns=12, max_new_tokens=16384, max_context_tokens=cfg.rollout.max_context_tokens)
+        trajs += await run.rollouts(demo_items, tag="rft_demos", engine=demo_engine(run.renderer, demos), rollout=script)
+    if stage == "value" or cfg.data.tasks != "demos":
+        trajs += await run.rollouts(items, tag=f"{stage}_collect")
+    return trajs
+
+
+def usable_samples(trajs: list[Trajectory], run: Run, g: int) -> list[Sample]:
+    """Scored trajectories within the staleness bound, as learner samples."""
+    out = []
+    for t in trajs:
+        if t.reward is None or t.status in UNUSABLE or not t.response_ids:
+            continue
+        if run.version - t.weight_version_min > run.cfg.max_staleness:
+            continue  # sampled by weights too old for the staleness bound (0: strictly on-policy)
+        out.append(sample_from_trajectory(t))
+    return out
+
+
+def _cyclic(pool: list[Sample], k: int, n: int) -> list[Sample]:
+    n = max(1, min(n, len(pool)))
+    return [pool[(k * n + i) % len(pool)] for i in range(n)]
+
+
+def _row(trajs, train: dict, sync: dict, times: dict, run: Run) -> dict:
+    metrics = step_metrics(trajs, max_response_tokens=run.cfg.rollout.max_context_tokens, current_version=run.version)
+    row = {f"rollout/{k}": v for k, v in metrics.items()}
+    row |= {f"train/{k}": v for k, v in train.items()} | _sync(sync) | times
+    return row | run.env_statistics()
+
+
+def _sync(sync: dict) -> dict:
+    return {f"sync/{k}": v for k, v in sync.items()}
+
+
+def _brief(row: dict) -> str:
+    keys = ["rollout/reward_mean", "rollout/pass_rate", "train/policy_loss", "train/sft_loss", "train/value_loss"]
+    return " ".join(f"{k.split('/')[-1]}={row[k]:.3g}" for k in keys if isinstance(row.get(k), (int, float)))
+
+
+__all__ = ["stage_plan", "train", "tasks_for_step"]

@@ -1,0 +1,151 @@
+"""rl.models: building actor and critic, their initial weights, sizes and FLOP accounting."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rl.models import (
+    Actor,
+    ModelConfig,
+    build_actor,
+    build_critic,
+    count_params,
+    flops_per_token,
+    hf_model,
+    layers,
+    qwen2_config,
+    tiny_qwen2_config,
+)
+
+TINY = tiny_qwen2_config(vocab_size=32)  # hidden 64, 2 layers, 4 heads, 2 kv heads, mlp 128
+
+
+def _backbone_state(module) -> dict[str, torch.Tensor]:
+    hf = hf_model(module).base_model if isinstance(module, Actor) else module.backbone
+    return hf.state_dict()
+
+
+def test_random_init_actor_and_critic_backbones_start_equal():
+    cfg = ModelConfig(hf_config=TINY, seed=3)
+    actor, critic = build_actor(cfg, "cpu"), build_critic(cfg, "cpu")
+    a, c = _backbone_state(actor), _backbone_state(critic)
+    assert a.keys() == c.keys()
+    assert all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_seed_decides_the_random_init():
+    same = build_actor(ModelConfig(hf_config=TINY, seed=1), "cpu")
+    again = build_actor(ModelConfig(hf_config=TINY, seed=1), "cpu")
+    other = build_actor(ModelConfig(hf_config=TINY, seed=2), "cpu")
+    w = lambda m: m.lm.model.layers[0].mlp.up_proj.weight
+    assert torch.equal(w(same), w(again))
+    assert not torch.equal(w(same), w(other))
+
+
+def test_build_from_local_directory_loads_the_weights(tmp_path):
+    source = build_actor(ModelConfig(hf_config=TINY, seed=7), "cpu")
+    hf_model(source).save_pretrained(tmp_path)
+    cfg = ModelConfig(path=str(tmp_path))
+    actor, critic = build_actor(cfg, "cpu"), build_critic(cfg, "cpu")
+    want = hf_model(source).state_dict()
+    got = hf_model(actor).state_dict()
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    backbone = _backbone_state(critic)
+    assert all(torch.equal(want[f"model.{k}"], v) for k, v in backbone.items())
+
+
+def test_critic_value_head_starts_at_zero():
+    critic = build_critic(ModelConfig(hf_config=TINY), "cpu")
+    values = critic(torch.tensor([[1, 2, 3, 4]]), torch.arange(4)[None])
+    assert values.shape == (1, 4) and values.dtype == torch.float32
+    assert torch.count_nonzero(values) == 0
+
+
+def test_actor_outputs_fp32_logprobs_and_entropy_shapes():
+    actor = build_actor(ModelConfig(hf_config=TINY, logprob_chunk_tokens=3), "cpu")
+    lp, ent = actor(torch.tensor([[1, 2, 3, 4, 5]]), torch.arange(5)[None], torch.tensor([[2, 3, 4, 5, 0]]))
+    assert lp.shape == ent.shape == (1, 5)
+    assert lp.dtype == ent.dtype == torch.float32
+    assert bool((lp < 0).all()) and bool((ent > 0).all())
+    assert bool((ent <= torch.log(torch.tensor(32.0)) + 1e-5).all())  # at most the uniform entropy
+
+
+def test_param_dtype_sets_master_weights_dtype():
+    cfg = ModelConfig(hf_config=TINY, param_dtype="bfloat16")
+    for module in (build_actor(cfg, "cpu"), build_critic(cfg, "cpu")):
+        assert {p.dtype for p in module.parameters()} == {torch.bfloat16}
+
+
+def test_auto_attention_is_sdpa_on_cpu():
+    actor = build_actor(ModelConfig(hf_config=TINY), "cpu")
+    assert hf_model(actor).config._attn_implementation == "sdpa"
+
+
+def test_layers_are_the_decoder_blocks():
+    cfg = ModelConfig(hf_config=TINY)
+    actor, critic = build_actor(cfg, "cpu"), build_critic(cfg, "cpu")
+    assert layers(actor) == list(actor.lm.model.layers) and len(layers(actor)) == 2
+    assert layers(critic) == list(critic.backbone.layers)
+    assert layers(hf_model(actor)) == layers(actor)
+
+
+def test_missing_path_and_config_raises():
+    with pytest.raises(ValueError, match="path"):
+        build_actor(ModelConfig(), "cpu")
+
+
+def test_count_params_of_tiny_qwen2_by_hand():
+    # embed 32*64 = 2048 (tied with lm_head, counted once);
+    # per layer: q 64*64+64, k 64*32+32, v 64*32+32, o 64*64 -> 12416; mlp 3*64*128 = 24576;
+    # 2 RMSNorms 128 -> 37120; two layers 74240; final norm 64 -> 76352. Critic head: +65.
+    cfg = ModelConfig(hf_config=TINY)
+    assert count_params(build_actor(cfg, "cpu")) == 76352
+    assert count_params(build_critic(cfg, "cpu")) == 76352 + 65
+
+
+def test_flops_per_token_by_hand():
+    # Matmul weights per layer: q 64*64 + k,v 2*64*32 + o 64*64 = 12288, mlp 24576 -> 36864;
+    # 2 layers 73728 + lm_head 32*64 = 2048 -> N = 75776; 6N = 454656;
+    # attention 12 * L * (heads*head_dim) * S = 12 * 2 * 64 * 100 = 153600.
+    assert flops_per_token(TINY, 100) == 454656 + 153600
+
+
+def test_qwen2_configs_match_the_published_architectures():
+    small, large = qwen2_config("0.5b"), qwen2_config("1.5b")
+    shape = lambda c: (c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"], c["num_key_value_heads"], c["intermediate_size"])
+    assert shape(small) == (896, 24, 14, 2, 4864)
+    assert shape(large) == (1536, 28, 12, 2, 8960)
+    assert small["tie_word_embeddings"] and large["tie_word_embeddings"] and small["vocab_size"] == 151936
+    with pytest.raises(ValueError, match="7b"):
+        qwen2_config("7b")
+
+
+def test_flops_per_token_qwen2_05b_is_about_6_n():
+    # Qwen2-0.5B has ~494M parameters with 136M in the tied embedding, so the matmul weights
+    # (layers + lm_head) are ~494M; 6N is ~2.96 GFLOP per token before the attention term.
+    flops = flops_per_token(qwen2_config("0.5b"), 0)
+    assert 2.9e9 < flops < 3.0e9
+
+
+
+@pytest.mark.gpu
+def test_cuda_actor_uses_flex_attention_and_packed_rows_equal_separate_rows():
+    from rl.packing import collate
+    from rl.samples import Sample
+
+    actor = build_actor(ModelConfig(hf_config=TINY, logprob_chunk_tokens=8), "cuda")
+    assert hf_model(actor).config._attn_implementation == "flex_attention"
+    g = torch.Generator().manual_seed(0)
+    samples = [
+        Sample(sample_id=str(i), group_id="g", token_ids=torch.randint(0, 32, (n,), generator=g).tolist(),
+               action_mask=[0] + [1] * (n - 1), behaviour_logprobs=[0.0] * n, reward=0.0, weight_version=0)
+        for i, n in enumerate((37, 5, 90, 18))
+    ]  # fmt: skip
+    packed = collate(samples, range(4)).to("cuda")
+    with torch.no_grad():
+        lp, _ = actor(packed.input_ids, packed.position_ids, packed.targets)
+        for i, got in enumerate(packed.split(lp)):
+            one = collate(samples, [i]).to("cuda")
+            alone, _ = actor(one.input_ids, one.position_ids, one.targets)
+            torch.testing.assert_close(got, alone[0], atol=1e-4, rtol=0)

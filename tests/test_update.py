@@ -1,0 +1,383 @@
+"""rl.update: ppo_step, sft_step and value_step on a tiny Qwen2 actor and critic (CPU).
+
+Gradients are read through `Recorder`, an optimizer whose step copies the gradients and leaves
+the weights alone, so several steps can be compared on one pair of models.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import msgspec
+import pytest
+import torch
+
+from rl.models import ModelConfig, build_actor, build_critic, tiny_qwen2_config
+from rl.packing import micro_batches
+from rl.samples import Sample
+from rl.update import (
+    PPOConfig,
+    advantages_and_returns,
+    compute_values,
+    ppo_step,
+    sft_step,
+    value_step,
+)
+
+VOCAB = 40
+EXACT = PPOConfig(max_grad_norm=1e9)  # no clipping: gradients compare exactly
+
+
+class Recorder(torch.optim.Optimizer):
+    """Keeps a copy of each step's gradients; never changes the parameters."""
+
+    def __init__(self, params) -> None:
+        super().__init__(list(params), {})
+        self.grads: list[torch.Tensor | None] = []
+
+    def step(self, closure=None) -> None:
+        self.grads = [None if p.grad is None else p.grad.clone() for g in self.param_groups for p in g["params"]]
+
+
+def sample(i: int, rng: random.Random) -> Sample:
+    """prompt (0), turn (1), tool output (0), turn (1)."""
+    parts = [(rng.randint(2, 4), 0), (rng.randint(2, 6), 1), (rng.randint(1, 3), 0), (rng.randint(2, 5), 1)]
+    mask = [m for n, m in parts for _ in range(n)]
+    ids = [rng.randrange(VOCAB) for _ in mask]
+    return Sample(
+        sample_id=f"s{i}",
+        group_id="g",
+        token_ids=ids,
+        action_mask=mask,
+        behaviour_logprobs=[-rng.uniform(2.0, 5.0) * m for m in mask],
+        reward=float(i % 3) / 2,
+        weight_version=0,
+    )
+
+
+def batch(n: int = 6, seed: int = 0) -> list[Sample]:
+    rng = random.Random(seed)
+    return [sample(i, rng) for i in range(n)]
+
+
+@pytest.fixture
+def models():
+    cfg = ModelConfig(hf_config=tiny_qwen2_config(vocab_size=VOCAB, hidden=32, intermediate=64), logprob_chunk_tokens=16)
+    actor, critic = build_actor(cfg, "cpu"), build_critic(cfg, "cpu")
+    torch.nn.init.normal_(critic.value_head.weight, std=0.5)  # non-zero values, so GAE uses them
+    return actor, critic
+
+
+def grads(models, samples, cfg=EXACT, **kw) -> tuple[list, list, dict]:
+    actor, critic = models
+    a, c = Recorder(actor.parameters()), Recorder(critic.parameters())
+    metrics = ppo_step(actor, critic, a, c, samples, cfg, "cpu", **kw)
+    return a.grads, c.grads, metrics
+
+
+def assert_same(xs, ys, atol=1e-6):
+    assert len(xs) == len(ys)
+    for x, y in zip(xs, ys):
+        torch.testing.assert_close(x, y, atol=atol, rtol=1e-5)
+
+
+def test_first_update_ratio_is_one_and_clipfrac_zero(models):
+    # The behaviour log-probs in `batch` are far from the model's: only the same-pass detached
+    # log-probs give a ratio of exactly 1.
+    *_, m = grads(models, batch())
+    assert m["ratio_max"] == 1.0
+    assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert m["clipfrac"] == 0.0
+    assert m["logprob_gap"] > 0.5
+
+
+def test_metrics_keys_present(models):
+    *_, m = grads(models, batch())
+    keys = {"policy_loss", "value_loss", "entropy", "clipfrac", "ratio_mean", "ratio_max", "tis_mean",
+            "logprob_gap", "explained_variance", "grad_norm_actor", "grad_norm_critic", "tokens", "action_tokens"}  # fmt: skip
+    assert keys <= m.keys()
+    samples = batch()
+    assert m["tokens"] == sum(len(s.token_ids) for s in samples)
+    assert m["action_tokens"] == sum(s.num_actions for s in samples)
+
+
+def test_all_parameters_receive_finite_gradients(models):
+    ga, gc, _ = grads(models, batch())
+    for g in ga + gc:
+        assert g is not None and bool(torch.isfinite(g).all())
+    assert sum(float(g.abs().sum()) for g in ga) > 0 and sum(float(g.abs().sum()) for g in gc) > 0
+
+
+def test_behaviour_logprobs_on_masked_tokens_do_not_change_gradients(models):
+    cfg = msgspec.structs.replace(EXACT, tis_cap=2.0)
+    samples = batch()
+    noisy = [
+        msgspec.structs.replace(s, behaviour_logprobs=[lp if m else -50.0 for lp, m in zip(s.behaviour_logprobs, s.action_mask)])
+        for s in samples
+    ]
+    ga, gc, m = grads(models, samples, cfg)
+    ga2, gc2, m2 = grads(models, noisy, cfg)
+    assert_same(ga, ga2, atol=0)
+    assert_same(gc, gc2, atol=0)
+    assert m["logprob_gap"] == m2["logprob_gap"] and m["tis_mean"] == m2["tis_mean"]
+
+
+def test_trailing_tool_output_does_not_change_gradients(models):
+    plain = batch(5)
+    longer = [  # the same samples followed by 4 tool-output tokens
+        msgspec.structs.replace(
+            s, token_ids=s.token_ids + [7, 8, 9, 10], action_mask=s.action_mask + [0] * 4,
+            behaviour_logprobs=s.behaviour_logprobs + [0.0] * 4,
+        )
+        for s in plain
+    ]
+    ga, gc, _ = grads(models, plain)
+    ga2, gc2, _ = grads(models, longer)
+    assert_same(ga, ga2)
+    assert_same(gc, gc2)
+
+
+def test_small_token_budget_gives_the_gradients_of_one_micro_batch(models):
+    samples = batch(8)
+    assert len(micro_batches(samples, 24)) >= 4
+    ga, gc, m = grads(models, samples, msgspec.structs.replace(EXACT, token_budget=24))
+    ga2, gc2, m2 = grads(models, samples, msgspec.structs.replace(EXACT, token_budget=4096))
+    assert_same(ga, ga2)
+    assert_same(gc, gc2)
+    assert m["policy_loss"] == pytest.approx(m2["policy_loss"], abs=1e-6)
+
+
+def test_reward_goes_to_the_last_action_token_and_gae_skips_tool_tokens():
+    s = Sample(sample_id="a", group_id="g", token_ids=[1, 2, 3, 4, 5, 6], action_mask=[0, 1, 1, 0, 1, 0],
+               behaviour_logprobs=[0.0] * 6, reward=1.0, weight_version=0)  # fmt: skip
+    values = torch.tensor([0.0, 0.1, 0.2, 9.0, 0.3, 9.0])  # 9.0 on non-action tokens: never read
+    # Actions 1, 2, 4 with V [0.1, 0.2, 0.3], rewards [0, 0, 1], gamma 1, lambda 0.95:
+    # A(4) = 1 - 0.3 = 0.7; A(2) = 0.3 - 0.2 + 0.95 * 0.7 = 0.765; A(1) = 0.2 - 0.1 + 0.95 * 0.765 = 0.82675
+    (adv,), (ret,) = advantages_and_returns([s], [values], PPOConfig())
+    torch.testing.assert_close(adv, torch.tensor([0.0, 0.82675, 0.765, 0.0, 0.7, 0.0]))
+    torch.testing.assert_close(ret, torch.tensor([0.0, 0.92675, 0.965, 0.0, 1.0, 0.0]))
+
+
+def test_compute_values_are_the_critic_output_before_each_token(models):
+    _, critic = models
+    samples = batch(4)
+    values = compute_values(critic, samples, PPOConfig(token_budget=64), "cpu")
+    for s, v in zip(samples, values):
+        with torch.no_grad():
+            direct = critic(torch.tensor([s.token_ids]), torch.arange(len(s.token_ids))[None])[0]
+        assert v[0] == 0.0
+        torch.testing.assert_close(v[1:], direct[:-1], atol=1e-5, rtol=0)
+
+
+def test_tis_with_behaviour_equal_to_training_logprobs_changes_nothing(models):
+    actor, _ = models
+    samples = batch()
+    with torch.no_grad():
+        matched = []
+        for s in samples:
+            (mb,) = micro_batches([s], 4096)
+            lp = actor(mb.input_ids, mb.position_ids, mb.targets)[0][0]  # position t -> token t+1
+            own = [0.0] + [float(x) * m for x, m in zip(lp[:-1], s.action_mask[1:])]
+            matched.append(msgspec.structs.replace(s, behaviour_logprobs=own))
+    ga, _, m = grads(models, matched, msgspec.structs.replace(EXACT, tis_cap=2.0))
+    ga_off, _, _ = grads(models, matched)
+    assert m["tis_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert_same(ga, ga_off, atol=1e-6)
+    ga_far, _, _ = grads(models, samples, msgspec.structs.replace(EXACT, tis_cap=2.0))  # control
+    assert not all(torch.allclose(x, y) for x, y in zip(ga_far, ga_off))
+
+
+def test_kl_to_a_reference_equal_to_the_policy_adds_nothing(models):
+    actor, _ = models
+    samples = batch()
+    with torch.no_grad():
+        ref = []
+        for s in samples:
+            (mb,) = micro_batches([s], 4096)
+            lp = actor(mb.input_ids, mb.position_ids, mb.targets)[0][0]
+            ref.append(torch.cat([torch.zeros(1), lp[:-1]]))  # token-indexed
+    cfg = msgspec.structs.replace(EXACT, kl_coef=0.5, kl_estimator="k3")
+    ga, _, m = grads(models, samples, cfg, ref_logprobs=ref)
+    ga_off, _, _ = grads(models, samples)
+    assert m["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert_same(ga, ga_off, atol=1e-6)
+
+
+def test_kl_without_reference_logprobs_raises(models):
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        grads(models, batch(), msgspec.structs.replace(EXACT, kl_coef=0.1))
+
+
+def test_entropy_bonus_changes_the_actor_gradient(models):
+    ga, gc, _ = grads(models, batch(), msgspec.structs.replace(EXACT, entropy_coef=0.1))
+    ga_off, gc_off, _ = grads(models, batch())
+    assert not all(torch.allclose(x, y) for x, y in zip(ga, ga_off))
+    assert_same(gc, gc_off, atol=0)
+
+
+def test_normalized_advantages_have_zero_mean(models):
+    *_, m = grads(models, batch(), msgspec.structs.replace(EXACT, normalize_advantages=True))
+    assert m["advantage_mean"] == pytest.approx(0.0, abs=1e-6)
+    *_, raw = grads(models, batch())
+    assert abs(raw["advantage_mean"]) > 1e-3
+
+
+def test_second_update_ratios_move_away_from_one(models):
+    actor, critic = models
+    a, c = torch.optim.Adam(actor.parameters(), lr=1e-2), torch.optim.Adam(critic.parameters(), lr=1e-2)
+    m = ppo_step(actor, critic, a, c, batch(), PPOConfig(updates_per_batch=2), "cpu")
+    # Old log-probs are frozen before the first update, so the second update sees ratios != 1.
+    assert m["ratio_max"] > 1.001
+
+
+def test_batch_without_action_tokens_is_a_zero_update(models):
+    samples = [msgspec.structs.replace(s, action_mask=[0] * len(s.token_ids)) for s in batch(3)]
+    ga, gc, m = grads(models, samples)
+    assert all(float(g.abs().max()) == 0.0 for g in ga + gc)
+    assert m["action_tokens"] == 0 and m["policy_loss"] == 0.0
+
+
+def test_sft_loss_is_the_mean_nll_of_action_tokens(models):
+    actor, _ = models
+    samples = batch()
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for s in samples:
+            (mb,) = micro_batches([s], 4096)
+            lp = actor(mb.input_ids, mb.position_ids, mb.targets)[0]
+            nll -= float((lp * mb.mask).sum())
+            count += s.num_actions
+    m = sft_step(actor, Recorder(actor.parameters()), samples, EXACT, "cpu")
+    assert m["sft_loss"] == pytest.approx(nll / count, rel=1e-5)
+
+
+def test_sft_steps_lower_the_nll(models):
+    actor, _ = models
+    opt = torch.optim.Adam(actor.parameters(), lr=1e-2)
+    losses = [sft_step(actor, opt, batch(), PPOConfig(), "cpu")["sft_loss"] for _ in range(5)]
+    assert losses[-1] < losses[0] - 0.1
+
+
+def test_value_steps_lower_the_value_loss(models):
+    _, critic = models
+    opt = torch.optim.Adam(critic.parameters(), lr=1e-2)
+    losses = [value_step(critic, opt, batch(), PPOConfig(value_clip=None), "cpu")["value_loss"] for _ in range(8)]
+    assert losses[-1] < 0.5 * losses[0]
+    assert all(math.isfinite(x) for x in losses)
+
+
+# --- two ranks -------------------------------------------------------------------------------
+# `python -m torch.distributed.run --nproc-per-node 2 tests/test_update.py OUT` runs `_worker`:
+# ppo_step on each rank's balanced share with FSDP2 (gloo, CPU). The tests compare it with one
+# unsharded process on the whole batch.
+
+DIST_CFG = PPOConfig(max_grad_norm=1e9, token_budget=24, tis_cap=2.0, normalize_advantages=True)
+
+
+def _dist_models():
+    cfg = ModelConfig(hf_config=tiny_qwen2_config(vocab_size=VOCAB, hidden=32, intermediate=64), logprob_chunk_tokens=16)
+    actor, critic = build_actor(cfg, "cpu"), build_critic(cfg, "cpu")
+    with torch.no_grad():
+        critic.value_head.weight.copy_(torch.randn(critic.value_head.weight.shape, generator=torch.Generator().manual_seed(5)))
+    return actor, critic
+
+
+def _sgd(module):
+    return torch.optim.SGD(module.parameters(), lr=1.0)
+
+
+def _worker(out) -> None:
+    import torch.distributed as dist
+
+    from rl.fsdp import close_distributed, full_state_items, init_distributed, shard
+    from rl.models import layers
+    from rl.packing import balance
+
+    d = init_distributed()
+    share = balance(batch(7, seed=4), d.world_size, d.rank)
+    counts = [None] * d.world_size
+    dist.all_gather_object(counts, len(micro_batches(share, DIST_CFG.token_budget)))
+    actor, critic = _dist_models()
+    for m in (actor, critic):
+        shard(m, layers=layers(m))
+    metrics = ppo_step(actor, critic, _sgd(actor), _sgd(critic), share, DIST_CFG, "cpu")
+    after = [{k: v.clone() for b in full_state_items(m, 1 << 20) for k, v in b} for m in (actor, critic)]
+    if d.is_main:
+        torch.save({"metrics": metrics, "after": after, "micro_batches": counts}, out / "result.pt")
+    close_distributed()
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path_factory.mktemp("ppo2")
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__, str(out)]
+    proc = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = torch.load(out / "result.pt", weights_only=False)
+    actor, critic = _dist_models()
+    ref = ppo_step(actor, critic, _sgd(actor), _sgd(critic), batch(7, seed=4), DIST_CFG, "cpu")
+    from rl.fsdp import hf_name, hf_submodule
+
+    ref_after = []
+    for m in (actor, critic):
+        prefix, _ = hf_submodule(m)
+        ref_after.append({hf_name(k, prefix): v for k, v in m.state_dict().items()})
+    return result, ref, ref_after
+
+
+def test_two_ranks_run_different_micro_batch_counts(two_ranks):
+    result, *_ = two_ranks
+    counts = result["micro_batches"]
+    assert len(counts) == 2 and counts[0] != counts[1]  # so the dummy padding is exercised
+
+
+def test_two_ranks_update_equals_one_process_on_the_whole_batch(two_ranks):
+    result, _, ref_after = two_ranks
+    for got, want in zip(result["after"], ref_after):
+        assert got.keys() == want.keys()
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], atol=2e-5, rtol=1e-4, msg=k)
+
+
+def test_two_ranks_metrics_equal_one_process(two_ranks):
+    result, ref, _ = two_ranks
+    for key in ("policy_loss", "value_loss", "entropy", "tis_mean", "logprob_gap", "explained_variance",
+                "grad_norm_actor", "grad_norm_critic", "tokens", "action_tokens", "advantage_mean"):  # fmt: skip
+        assert result["metrics"][key] == pytest.approx(ref[key], rel=1e-4, abs=1e-6), key
+
+
+if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    _worker(Path(sys.argv[1]))
+
+
+@pytest.mark.gpu
+def test_ppo_step_on_cuda_under_fsdp_bf16_mixed_precision():
+    from rl.fsdp import close_distributed, init_distributed, shard
+    from rl.models import layers
+
+    init_distributed()  # one rank
+    try:
+        cfg = ModelConfig(hf_config=tiny_qwen2_config(vocab_size=VOCAB, hidden=64), logprob_chunk_tokens=16)
+        actor, critic = build_actor(cfg, "cuda"), build_critic(cfg, "cuda")
+        for m in (actor, critic):
+            shard(m, layers=layers(m), mixed_precision=True)
+        a, c = Recorder(actor.parameters()), Recorder(critic.parameters())
+        m = ppo_step(actor, critic, a, c, batch(8), PPOConfig(token_budget=48, tis_cap=2.0), "cuda")
+    finally:
+        close_distributed()
+    assert m["ratio_max"] == 1.0 and m["clipfrac"] == 0.0
+    assert all(math.isfinite(v) for k, v in m.items() if k != "explained_variance")
+    for g in a.grads + c.grads:
+        local = g.to_local() if hasattr(g, "to_local") else g
+        assert local.dtype == torch.float32 and bool(torch.isfinite(local).all())
