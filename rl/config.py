@@ -90,6 +90,8 @@ class DataConfig(Struct, frozen=True, kw_only=True):
     """Trajectories per task per step."""
     demos: int = 4
     """Demonstration tasks driven through the real tools for rejection fine-tuning (smoke)."""
+    demo_names: tuple[str, ...] = ()
+    """Which bundled demonstrations (directory names in rl/demos); empty = the first `demos`."""
     seed: int = 0
     """Seed of the task order (the data position is the step)."""
 

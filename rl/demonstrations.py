@@ -31,9 +31,15 @@ class DemoTask:
         self.task, self.files = task, files
 
 
-def demo_tasks(limit: int | None = None) -> list[DemoTask]:
+def demo_tasks(limit: int | None = None, names: tuple[str, ...] = ()) -> list[DemoTask]:
+    dirs = sorted(p for p in DEMOS.iterdir() if p.is_dir() and (p / "model.py").exists())
+    if names:
+        unknown = set(names) - {d.name for d in dirs}
+        if unknown:
+            raise ValueError(f"unknown demonstrations {sorted(unknown)}; have {[d.name for d in dirs]}")
+        dirs = [d for d in dirs if d.name in names]
     out = []
-    for d in sorted(p for p in DEMOS.iterdir() if p.is_dir() and (p / "model.py").exists())[:limit]:
+    for d in dirs[:limit]:
         files = {
             str(f.relative_to(d)): f.read_text()
             for f in sorted(d.rglob("*"))

@@ -45,12 +45,15 @@ def smoke() -> TrainConfig:
             hf_config=tiny_qwen2_config(TINY_VOCAB, hidden=128, layers=2, heads=4, kv_heads=2,
                                         intermediate=256, max_position=16384),
             gradient_checkpointing=False,
+            attn_implementation="sdpa",  # no FlexAttention compile for a model this small
         ),
         ppo=PPOConfig(token_budget=16384),
         optim=OptimConfig(actor_lr=1e-4, critic_lr=1e-4, sft_lr=2e-3),
         steps=StepsConfig(rft=12, value=2, ppo=3),
-        data=DataConfig(tasks="demos", demos=4, tasks_per_step=4, samples_per_task=2),
-        rollout=RolloutConfig(max_turns=8, max_new_tokens=1024, max_context_tokens=12288,
+        # Four demonstrations whose problems verify in seconds (the 6 GB elementwise ones take a minute).
+        data=DataConfig(tasks="demos", demos=4, tasks_per_step=4, samples_per_task=2,
+                        demo_names=("l1_1_matmul_cublas", "l1_47_sum_dim", "l1_51_argmax_dim", "l1_95_cross_entropy")),
+        rollout=RolloutConfig(max_turns=6, max_new_tokens=512, max_context_tokens=12288,
                               tool_timeout_s=600.0, seed=0),
         orchestrator=OrchestratorConfig(workers=16, model_slots=16, compile_slots=4, gpu_slots=1),
         engine=EngineSection(embedded=EmbeddedEngineConfig(max_batch_size=16)),
@@ -68,7 +71,7 @@ def smoke_cpu() -> TrainConfig:
         env="fake",
         layout=LayoutConfig(cpu=True, learner_gpus=(0,), verify_gpus=()),
         steps=StepsConfig(rft=4, value=1, ppo=2),
-        data=msgspec.structs.replace(cfg.data, demos=2, tasks_per_step=2, samples_per_task=1),
+        data=msgspec.structs.replace(cfg.data, demos=2, demo_names=(), tasks_per_step=2, samples_per_task=1),
         rollout=msgspec.structs.replace(cfg.rollout, max_turns=3, max_new_tokens=64),
         ppo=PPOConfig(token_budget=8192),
     )

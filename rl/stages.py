@@ -49,7 +49,7 @@ def stage_plan(cfg: TrainConfig) -> list[tuple[str, int]]:
 
 def training_tasks(cfg: TrainConfig) -> list[Task]:
     if cfg.data.tasks == "demos":
-        return [d.task for d in demo_tasks()]
+        return [d.task for d in demo_tasks(cfg.data.demos, cfg.data.demo_names)]
     tasks, problems = load_tasks(cfg.data.tasks)
     for problem in problems:
         log.error("skipping task: %s", problem)
@@ -171,7 +171,7 @@ async def _collect(run: Run, tasks: list[Task], stage: str) -> list[Trajectory]:
     items = [WorkItem(task=t, group_id=f"{t.task_id}@{stage}", samples=cfg.data.samples_per_task) for t in tasks]
     trajs: list[Trajectory] = []
     if stage == "rft" and cfg.data.demos > 0:
-        demos = demo_tasks(cfg.data.demos)
+        demos = demo_tasks(cfg.data.demos, cfg.data.demo_names)
         demo_items = [WorkItem(task=d.task, group_id=d.task.task_id, samples=1) for d in demos]
         script = RolloutConfig(max_turns=12, max_new_tokens=16384, max_context_tokens=cfg.rollout.max_context_tokens)
         trajs += await run.rollouts(demo_items, tag="rft_demos", engine=demo_engine(run.renderer, demos), rollout=script)
