@@ -46,9 +46,23 @@ import orjson
 import torch
 import torch.distributed as dist
 
-from rl.fsdp import Dist, apply_activation_checkpointing, close_distributed, init_distributed, shard
-from rl.models import ModelConfig, build_actor, build_critic, count_params, flops_per_token, layers, qwen2_config
-from rl.models import tiny_qwen2_config
+from rl.fsdp import (
+    Dist,
+    apply_activation_checkpointing,
+    close_distributed,
+    init_distributed,
+    shard,
+)
+from rl.models import (
+    ModelConfig,
+    build_actor,
+    build_critic,
+    count_params,
+    flops_per_token,
+    layers,
+    qwen2_config,
+    tiny_qwen2_config,
+)
 from rl.samples import Sample
 from rl.update import PPOConfig, ppo_step
 

@@ -132,8 +132,9 @@ def shard(
 
     One block per all-gather keeps peak memory at about one block's full weights beyond the
     shards. A block that sits inside a checkpoint wrapper is sharded through its wrapper.
-    Mixed precision applies on CUDA only (CPU runs are tests, compared with fp32 references). Gradients are summed over ranks (see below), so a
-    loss must be normalised by the global batch. Returns `module`, now an `FSDPModule`.
+    Mixed precision applies on CUDA only (CPU runs are tests, compared with fp32 references).
+    Gradients are summed over ranks (see below), so a loss must be normalised by the global
+    batch. Returns `module`, now an `FSDPModule`.
     """
     device = next(module.parameters()).device
     mesh = mesh or init_device_mesh(device.type, (dist.get_world_size(),))

@@ -67,7 +67,8 @@ class Actor(nn.Module):
         The caller passes targets = input_ids shifted left by one within each document.
         """
         hidden = self.lm.base_model(
-            input_ids=input_ids, position_ids=position_ids, attention_mask=None, use_cache=False
+            input_ids=input_ids, position_ids=position_ids,
+            attention_mask=document_mask(self.lm, position_ids), use_cache=False,
         ).last_hidden_state  # [1, T, H]
         head = self.lm.get_output_embeddings()
         hidden, targets = hidden[0], targets[0]  # [T, H], [T]
@@ -78,7 +79,7 @@ class Actor(nn.Module):
             lp, ent = checkpoint(_head_logprobs, head, hidden[start:end], targets[start:end], use_reentrant=False)
             logprobs.append(lp)
             entropy.append(ent)
-        return torch.cat(logprobs)[None], torch.cat(entropy)[None]
+        return torch.cat(logprobs).unsqueeze(0).clone(), torch.cat(entropy).unsqueeze(0).clone()  # [1, T]
 
 
 def _head_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,6 +89,27 @@ def _head_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor)
     logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
     entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
     return logprobs, entropy
+
+
+def document_mask(model: nn.Module, position_ids: torch.Tensor):
+    """The packed row's attention mask: None (the HF model derives a document mask from
+    `position_ids`) except under FlexAttention, where we build the causal document BlockMask
+    ourselves. transformers' own flex path makes a new nested mask closure on every call, and
+    compiled flex attention recompiles on each new closure identity until it hits the recompile
+    limit and falls back to the slow uncompiled kernel; one flat closure over a doc-id tensor
+    compiles once (plus once more when the length becomes dynamic)."""
+    if getattr(model.config, "_attn_implementation", None) != "flex_attention":
+        return None
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    pos = position_ids[0]  # [T]
+    doc = torch.cumsum((pos == 0).to(torch.int32), 0)  # [T] document id of each token
+
+    def causal_document(b, h, q, kv):
+        return (doc[q] == doc[kv]) & (q >= kv)
+
+    T = pos.shape[0]
+    return create_block_mask(causal_document, None, None, T, T, device=pos.device, _compile=True)
 
 
 class Critic(nn.Module):
@@ -104,9 +126,10 @@ class Critic(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         hidden = self.backbone(
-            input_ids=input_ids, position_ids=position_ids, attention_mask=None, use_cache=False
+            input_ids=input_ids, position_ids=position_ids,
+            attention_mask=document_mask(self.backbone, position_ids), use_cache=False,
         ).last_hidden_state  # [1, T, H]
-        return self.value_head(hidden).squeeze(-1).float()  # [1, T]
+        return self.value_head(hidden)[..., 0].float().clone()  # [1, T] (a fresh tensor, not a view)
 
 
 def build_actor(cfg: ModelConfig, device: torch.device | str) -> Actor:
@@ -139,6 +162,10 @@ def _load_kwargs(cfg: ModelConfig, device: torch.device | str) -> dict[str, Any]
     attn = cfg.attn_implementation
     if attn == "auto":
         attn = "flex_attention" if torch.device(device).type == "cuda" else "sdpa"
+    if attn == "flex_attention":
+        # Packed lengths vary per micro-batch and grad mode differs between the value pass and
+        # training: allow those few variants before dynamo gives up on compiling flex attention.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
     return {"attn_implementation": attn, "dtype": getattr(torch, cfg.param_dtype)}
 
 

@@ -83,12 +83,13 @@ def test_load_restores_params_optimizer_state_rng_and_extra(tmp_path):
     _train(*models, seed=0)
     saved, saved_opts = _params(*models[:2]), [_opt_tensors(o) for o in models[2:]]
     extra = {"cursor": 17, "consumed": ["t-1", "t-2"]}
-    checkpoint.save(tmp_path, 3, actor=models[0], critic=models[1], actor_opt=models[2], critic_opt=models[3], extra=extra)
+    kw = {"actor": models[0], "critic": models[1], "actor_opt": models[2], "critic_opt": models[3]}
+    checkpoint.save(tmp_path, 3, **kw, extra=extra)
     expected_draws = _draws()
     _train(*models, seed=1)  # moves weights, optimizer state and (via _draws) the RNG streams
     _draws()
 
-    found = checkpoint.load_latest(tmp_path, actor=models[0], critic=models[1], actor_opt=models[2], critic_opt=models[3])
+    found = checkpoint.load_latest(tmp_path, **kw)
 
     assert found == (3, extra)
     _assert_states_equal(_params(*models[:2]), saved)
@@ -191,7 +192,7 @@ def _kill_child(point: str, run_dir: Path) -> None:
     from rl import checkpoint
 
     models = _plain_setup()
-    kw = dict(actor=models[0], critic=models[1], actor_opt=models[2], critic_opt=models[3])
+    kw = {"actor": models[0], "critic": models[1], "actor_opt": models[2], "critic_opt": models[3]}
     _plain_train(*models, seed=0)
     torch.save(_params(*models[:2]), run_dir / "expected_1.pt")
     checkpoint.save(run_dir, 1, **kw)
@@ -252,7 +253,7 @@ def _fsdp_worker(out: Path) -> None:
         apply_activation_checkpointing(m, layers(m))
         shard(m, layers=layers(m))
     models = (*models[:2], *[torch.optim.AdamW(m.parameters(), lr=1e-2) for m in models[:2]])
-    kw = dict(actor=models[0], critic=models[1], actor_opt=models[2], critic_opt=models[3])
+    kw = {"actor": models[0], "critic": models[1], "actor_opt": models[2], "critic_opt": models[3]}
 
     def full() -> list[dict[str, torch.Tensor]]:
         return [{n: t.clone() for b in full_state_items(m, 1 << 20) for n, t in b} for m in models[:2]]
@@ -285,8 +286,8 @@ def _fsdp_worker(out: Path) -> None:
 def fsdp_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("ckpt_fsdp")
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")  # CPU ranks, gloo
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__, "fsdp", str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__, "fsdp"]
+    proc = subprocess.run([*cmd, str(out)], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out, [torch.load(out / f"result_{r}.pt", weights_only=False) for r in range(2)]
 
@@ -400,7 +401,7 @@ def _cuda_worker(out: Path, tokenizer_dir: str) -> None:
         apply_activation_checkpointing(m, layers(m))
         shard(m, layers=layers(m))
     models = (actor, critic, *[torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (actor, critic)])
-    kw = dict(actor=actor, critic=critic, actor_opt=models[2], critic_opt=models[3])
+    kw = {"actor": actor, "critic": critic, "actor_opt": models[2], "critic_opt": models[3]}
     _train(*models, seed=0)
     saved = {n: t.cpu().clone() for b in full_state_items(actor, 1 << 20) for n, t in b}
     checkpoint.save(out / "run", 1, **kw)

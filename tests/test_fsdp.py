@@ -170,8 +170,8 @@ def test_gathered_state_is_the_unsharded_state_under_hf_names(two_ranks, name):
     hf_names = set(two_ranks["hf_names"][name])
     assert hf_names <= set(got)  # HF names exactly; only the critic's value head is extra
     assert set(got) - hf_names == (set() if name == "Actor" else {"value_head.weight", "value_head.bias"})
-    for key in want:
-        assert torch.equal(got[key], want[key]), key
+    for key, value in want.items():
+        assert torch.equal(got[key], value), key
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,7 +231,8 @@ def _cuda_worker(out: Path) -> None:
 
     d = init_distributed()
     cfg = _model_cfg(hidden=64)
-    batches = [{k: v.to(d.device) for k, v in _packed(lengths, seed).items()} for seed, lengths in enumerate(DOC_LENGTHS)]
+    batches = [_packed(lengths, seed) for seed, lengths in enumerate(DOC_LENGTHS)]
+    batches = [{k: v.to(d.device) for k, v in b.items()} for b in batches]
     normalizer = float(sum(b["mask"].sum() for b in batches))
     ref = _models(cfg, d.device)
     init = _flat(ref[0].lm.state_dict())
@@ -264,7 +265,8 @@ def test_cuda_rank_trains_in_bf16_over_fp32_master_weights(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
-    proc = subprocess.run([sys.executable, __file__, "cuda", str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    cmd = [sys.executable, __file__, "cuda", str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = torch.load(tmp_path / "result.pt", weights_only=False)
     assert (r["backend"], r["world_size"], r["master_dtypes"]) == ("nccl", 1, ["torch.float32"])
