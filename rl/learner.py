@@ -31,7 +31,7 @@ from rl.fsdp import Dist, apply_activation_checkpointing, full_state_items, shar
 from rl.models import build_actor, build_critic, layers
 from rl.packing import balance
 from rl.samples import Sample
-from rl.update import ppo_step, sft_step, value_step
+from rl.update import compute_logprobs, ppo_step, sft_step, value_step
 
 log = logging.getLogger("cuda-agent.learner")
 
@@ -48,6 +48,7 @@ class Learner:
         self.critic_opt = torch.optim.AdamW(critic.parameters(), lr=o.critic_lr, betas=o.betas, weight_decay=o.weight_decay)
         self.version = 0
         self.optimizer_steps = 0
+        self.reference = None  # frozen initial actor for the KL penalty (built on first use)
 
     @classmethod
     def build(cls, cfg: TrainConfig, dist: Dist) -> Learner:
@@ -70,7 +71,9 @@ class Learner:
         device, ppo = self.dist.device, self.cfg.ppo
         samples = balance(samples, self.dist.world_size, self.dist.rank)  # this rank's share, by tokens
         if kind == "ppo":
-            metrics = ppo_step(self.actor, self.critic, self.actor_opt, self.critic_opt, samples, ppo, device)
+            ref = compute_logprobs(self._reference(), samples, ppo, device) if ppo.kl_coef > 0 else None
+            metrics = ppo_step(self.actor, self.critic, self.actor_opt, self.critic_opt, samples, ppo, device,
+                               ref_logprobs=ref)
         elif kind == "sft":
             metrics = sft_step(self.actor, self.actor_opt, samples, ppo, device)
         elif kind == "value":
@@ -80,6 +83,24 @@ class Learner:
         self.optimizer_steps += 1
         metrics["train_s"] = time.perf_counter() - t0
         return metrics
+
+    def _reference(self):
+        """The KL reference: the actor when the first PPO step of this process ran (the stage's
+        starting policy; after --resume, the resumed one). The paper keeps KL off; the option is
+        for runs that want it. Built lazily, sharded like the actor, never trained."""
+        if self.reference is None:
+            ref = build_actor(self.cfg.model, self.dist.device)
+            for name, t in self._gathered_actor():
+                if _is_param(ref.lm, name):
+                    ref.lm.get_parameter(name).data.copy_(t)
+            ref.requires_grad_(False)
+            shard(ref, layers=layers(ref), mixed_precision=self.dist.device.type == "cuda")
+            self.reference = ref
+        return self.reference
+
+    def _gathered_actor(self):
+        for bucket in self.weight_buckets():
+            yield from bucket
 
     def _set_lr(self, kind: str) -> None:
         o = self.cfg.optim
@@ -130,6 +151,14 @@ class Learner:
 
     def export(self, out_dir: Path, tokenizer_dir: str) -> None:
         checkpoint.export_hf(self.actor, tokenizer_dir, out_dir)
+
+
+def _is_param(module: torch.nn.Module, name: str) -> bool:
+    try:
+        module.get_parameter(name)
+        return True
+    except AttributeError:
+        return False
 
 
 def _seed_everything(seed: int) -> None:

@@ -146,7 +146,8 @@ class LearnerGroup:
     async def sync_weights(self) -> dict[str, float]:
         """Push the actor's weights into every rank's embedded engine; returns timing and the
         new weight version."""
-        return (await self._post_all("/learner/sync", {}))["metrics"]
+        answer = await self._post_all("/learner/sync", {})
+        return answer["metrics"] | ({"path": answer["path"]} if "path" in answer else {})
 
     async def save(self, step: int, extra: dict[str, Any], *, export: bool) -> None:
         await self._post_all("/learner/save", {"step": step, "extra": extra, "export": export})

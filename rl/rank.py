@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import shutil
 import logging
 import traceback
 from pathlib import Path
@@ -58,8 +59,16 @@ class Rank:
         return {"metrics": metrics}
 
     async def sync(self, body: dict) -> dict:
-        if self.engine is None:  # SGLang engines: the driver pushes weights (rl/weight_sync.py)
-            return {"metrics": {"version": self.learner.optimizer_steps}}
+        if self.engine is None:  # SGLang servers: export for update_weights_from_disk (driver side)
+            version = self.learner.optimizer_steps
+            out = self.run_dir / "weights" / f"v{version:06d}"
+            t0 = anyio.current_time()
+            await self._in_thread(lambda: self.learner.export(out, self.cfg.data.tokenizer))
+            self.learner.version = version
+            if self.dist.is_main:  # servers have loaded the previous one; keep two at most
+                for old in sorted(out.parent.glob("v*"))[:-2]:
+                    shutil.rmtree(old, ignore_errors=True)
+            return {"metrics": {"version": version, "export_s": anyio.current_time() - t0}, "path": str(out)}
         engine = self.engine
         await engine.begin_update()
         ok = False

@@ -49,7 +49,7 @@ def smoke() -> TrainConfig:
         ),
         ppo=PPOConfig(token_budget=16384),
         optim=OptimConfig(actor_lr=1e-4, critic_lr=1e-4, sft_lr=2e-3),
-        steps=StepsConfig(rft=12, value=2, ppo=3),
+        steps=StepsConfig(rft=60, value=4, ppo=3),
         # Four demonstrations whose problems verify in seconds (the 6 GB elementwise ones take a minute).
         data=DataConfig(tasks="demos", demos=4, tasks_per_step=4, samples_per_task=2,
                         demo_names=("l1_1_matmul_cublas", "l1_47_sum_dim", "l1_51_argmax_dim", "l1_95_cross_entropy")),

@@ -41,6 +41,7 @@ from rl.config import TrainConfig, save_config
 from rl.learner_client import LearnerGroup
 from rl.metrics import MetricsWriter
 from rl.scoring import EnvScorer
+from rl.weight_sync import sync_disk
 
 log = logging.getLogger("cuda-agent.train")
 
@@ -57,6 +58,9 @@ class Run:
         self.metrics: MetricsWriter | None = None  # opened by the plan once the start step is known
         self.pools: dict[str, list] = {}  # what rft / value pretraining learn from, collected once
         self.version = 0  # weight version of the engines
+        self.clients: list[SGLangClient] = []  # one per engine server
+        self.stage_end = 0  # first global step after the current stage
+        self.prefetched: dict[int, list[Trajectory]] = {}  # rollouts of a next step (bounded staleness)
         self.collect_metrics: dict[str, float] = {}  # rollout metrics of the last collection
         # Workspaces live in a fresh system temp dir the sandbox's unprivileged uid can traverse
         # (a run dir may sit under a 0700 directory); removed when the run closes.
@@ -65,6 +69,17 @@ class Run:
 
     def close_workspaces(self) -> None:
         shutil.rmtree(self.workspaces, ignore_errors=True)
+
+    async def sync_weights(self) -> dict[str, float]:
+        """Learner -> engines: in-process for the embedded engines; SGLang servers load the
+        exported HF directory (`update_weights_from_disk`)."""
+        metrics = await self.learner.sync_weights()
+        path = metrics.pop("path", None)
+        if path is not None:
+            report = await sync_disk(self.clients, path, int(metrics["version"]), self.cfg.weight_sync)
+            metrics["weight_sync_s"] = metrics.get("export_s", 0.0) + report.seconds
+        self.version = int(metrics.get("version", self.version))
+        return metrics
 
     def open_metrics(self, start_step: int) -> MetricsWriter:
         self.metrics = MetricsWriter(self.run_dir, start_step=start_step)
@@ -132,8 +147,9 @@ async def open_run(cfg: TrainConfig) -> AsyncIterator[Run]:
     async with AsyncExitStack() as stack:
         env, scorer, stats = await _kernel_env(cfg, stack)
         learner = await stack.enter_async_context(LearnerGroup(cfg, run_dir))
-        engine = await _engine(cfg, learner, stack)
+        engine, clients = await _engine(cfg, learner, stack)
         run = Run(cfg, run_dir, renderer, learner, engine, env, scorer, stats)
+        run.clients = clients
         stack.callback(run.close_metrics)
         stack.callback(run.close_workspaces)
         yield run
@@ -167,13 +183,13 @@ def _queue_stats(env) -> dict[str, float]:
     return {f"gpu_queue/{k}": float(v) for k, v in msgspec.to_builtins(s).items() if isinstance(v, (int, float))}
 
 
-async def _engine(cfg: TrainConfig, learner: LearnerGroup, stack: AsyncExitStack) -> Engine:
+async def _engine(cfg: TrainConfig, learner: LearnerGroup, stack: AsyncExitStack) -> tuple[Engine, list[SGLangClient]]:
     urls = list(cfg.engine.urls) if cfg.engine.kind == "sglang" else learner.urls
     clients = [
         await stack.enter_async_context(SGLangClient(SGLangClientConfig(base_url=u, retry_budget_s=120.0)))
         for u in urls
     ]
-    return clients[0] if len(clients) == 1 else Router(clients)
+    return (clients[0] if len(clients) == 1 else Router(clients)), clients
 
 
 __all__ = ["Run", "open_run", "resolve_tokenizer"]

@@ -22,6 +22,8 @@ import random
 import time
 from pathlib import Path
 
+import anyio
+
 
 from agentcore.orchestrator import WorkItem
 from agentcore.rollout import RolloutConfig
@@ -77,13 +79,14 @@ async def train(run: Run) -> list[dict]:
     if found is None and cfg.init_from:
         if await run.learner.load(Path(cfg.init_from)) is None:
             raise SystemExit(f"init_from {cfg.init_from}: no checkpoint there")
-    run.version = int((await run.learner.sync_weights()).get("version", 0))  # engines start from the actor
+    run.version = int((await run.sync_weights()).get("version", 0))  # engines start from the actor
     metrics = run.open_metrics(step)
     progress = ProgressBar(sum(n for _, n in stage_plan(cfg)), start_step=step)
     rows, lo = [], 0
     tasks = training_tasks(cfg)
     for name, n in stage_plan(cfg):
         hi = lo + n
+        run.stage_end = hi
         for g in range(max(step, lo), hi):
             row = await STEPS[name](run, tasks, g, g - lo)
             row |= {"stage": name, "step": g, "stage_index": STAGE_INDEX[name]}
@@ -102,22 +105,44 @@ async def train(run: Run) -> list[dict]:
 
 
 async def ppo_step(run: Run, tasks: list[Task], g: int, k: int, *, single_turn: bool = False) -> dict:
+    """Roll out, update, push weights. Under `max_staleness > 0` the next step's rollouts run
+    while this step trains (their trajectories are one weight version behind)."""
     t0 = time.perf_counter()
-    items = tasks_for_step(tasks, run.cfg, g)
-    if single_turn:
-        trajs = await run.rollouts(items, tag=f"single_turn_{g:06d}", parser=SingleTurnParser(),
-                                   opening=single_turn_messages, max_turns=1)
-    else:
-        trajs = await run.rollouts(items, tag=f"ppo_{g:06d}")
+    trajs = run.prefetched.pop(g, None)
+    if trajs is None:
+        trajs = await _step_rollouts(run, tasks, g, single_turn)
     t1 = time.perf_counter()
     samples = usable_samples(trajs, run, g)
-    train = await run.learner.step("ppo", samples, step=g) if samples else {}
-    t2 = time.perf_counter()
-    sync = await run.learner.sync_weights() if samples else {}
+    times: dict[str, float] = {}
+
+    async def update() -> None:
+        nonlocal train, sync
+        train = await run.learner.step("ppo", samples, step=g) if samples else {}
+        times["time/train_s"] = time.perf_counter() - t1
+        sync = await run.sync_weights() if samples else {}
+        times["time/weight_sync_s"] = time.perf_counter() - t1 - times["time/train_s"]
+
+    async def prefetch() -> None:
+        run.prefetched[g + 1] = await _step_rollouts(run, tasks, g + 1, single_turn)
+        times["time/overlapped_rollout_s"] = time.perf_counter() - t1
+
+    train: dict = {}
+    sync: dict = {}
+    async with anyio.create_task_group() as tg:
+        if run.cfg.max_staleness > 0 and g + 1 < run.stage_end:
+            tg.start_soon(prefetch)
+        await update()
     run.version = int(sync.get("version", run.version))
-    t3 = time.perf_counter()
-    times = {"time/rollout_s": t1 - t0, "time/train_s": t2 - t1, "time/weight_sync_s": t3 - t2}
+    times["time/rollout_s"] = t1 - t0
     return _row(trajs, train, sync, times, run) | {"samples": len(samples)}
+
+
+async def _step_rollouts(run: Run, tasks: list[Task], g: int, single_turn: bool) -> list[Trajectory]:
+    items = tasks_for_step(tasks, run.cfg, g)
+    if single_turn:
+        return await run.rollouts(items, tag=f"single_turn_{g:06d}", parser=SingleTurnParser(),
+                                  opening=single_turn_messages, max_turns=1)
+    return await run.rollouts(items, tag=f"ppo_{g:06d}")
 
 
 async def single_turn_step(run: Run, tasks: list[Task], g: int, k: int) -> dict:
@@ -132,7 +157,7 @@ async def rft_step(run: Run, tasks: list[Task], g: int, k: int) -> dict:
     batch = _cyclic(kept, k, run.cfg.data.tasks_per_step * run.cfg.data.samples_per_task)
     t0 = time.perf_counter()
     train = await run.learner.step("sft", batch, step=g)
-    sync = await run.learner.sync_weights()
+    sync = await run.sync_weights()
     run.version = int(sync.get("version", run.version))
     return {f"train/{k_}": v for k_, v in train.items()} | _sync(sync) | {
         "time/train_s": time.perf_counter() - t0, "rft/kept": len(kept)} | (run.collect_metrics if first else {})

@@ -84,6 +84,21 @@ def compute_values(
     return out
 
 
+def compute_logprobs(
+    actor: nn.Module, samples: Sequence[Sample], cfg: PPOConfig, device: torch.device | str, *, group=None
+) -> list[Tensor]:
+    """Per-token log-probs of each sample under `actor` (e.g. the frozen reference policy for the
+    KL penalty), no grad: token-indexed fp32 CPU tensors [n]; entry i is log p(token i | < i)."""
+    out: list[Tensor] = [torch.zeros(0)] * len(samples)
+    with torch.no_grad():
+        for mb in _aligned(micro_batches(samples, cfg.token_budget), (), group):
+            mb = mb.to(device)
+            logprobs = actor(mb.input_ids, mb.position_ids, mb.targets)[0].float().cpu()  # [1, T]
+            for i, lp in zip(mb.sample_index, mb.split(logprobs)):
+                out[i] = torch.cat([lp.new_zeros(1), lp[:-1]])
+    return out
+
+
 def advantages_and_returns(
     samples: Sequence[Sample], values: Sequence[Tensor], cfg: PPOConfig
 ) -> tuple[list[Tensor], list[Tensor]]:

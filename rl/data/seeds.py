@@ -1,0 +1,264 @@
+"""Seed operators: torch.nn modules and torch ops that build and run, as KernelBench-format tasks.
+
+What it is: a table of operator families (conv, pooling, norm, activation, linear, elementwise,
+reductions, shape) saying how to construct each op from its input shape, which input ranks it
+takes, and what else its input must satisfy; `seed_ops()` keeps the entries the installed torch
+has and that build and run on a meta tensor; `seed_task` renders one as a runnable `Model`
+source; `render_model` renders any chain of them (used by `compose.py`).
+What it is not: the runtime filters (eager and torch.compile run, 1-100 ms measured on a GPU,
+non-constant outputs); those need the GPU and come later in the pipeline. Stochastic ops
+(Dropout, RReLU) are left out on purpose (REFERENCE.md section 1).
+
+Size heuristic (aim, not measurement): every input holds about 2**27 fp32 elements (512 MiB) at
+`scale=1`. An H100/H200-class GPU streams ~2-3 TB/s and does ~50 TFLOP/s fp32, so a
+memory-bound op (read + write 1 GiB) takes ~0.4-0.5 ms and a chain of 2-5 of them 1-3 ms; the
+compute-bound families are shaped to ~0.1-2 TFLOP: Conv2d 64->64 3x3 on [32, 64, 256, 256] is
+~0.15 TFLOP (~3-6 ms), Linear 4096->4096 on [32768, 4096] ~1.1 TFLOP (~20-40 ms). `scale`
+multiplies every dimension (with floors) so CPU tests run the same code at toy sizes.
+
+Example:
+    ops = seed_ops()
+    task = seed_task(ops[0], scale=0.02)   # a Task whose source runs on CPU in milliseconds
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+import torch.nn.functional as F  # noqa: N812 - the conventional name, used in rendered sources
+
+from agentcore.types import Task
+
+Shape = tuple[int, ...]
+
+BASE_SHAPES: dict[int, Shape] = {
+    2: (32768, 4096),  # [B, F]      2**27 elements
+    3: (64, 128, 16384),  # [B, C, L]
+    4: (32, 64, 256, 256),  # [B, C, H, W]
+    5: (16, 32, 64, 64, 64),  # [B, C, D, H, W]
+}
+"""Input shape per rank at scale 1: ~2**27 fp32 elements each (see the size heuristic above)."""
+
+MIN_DIMS: dict[int, Shape] = {2: (2, 8), 3: (2, 4, 8), 4: (2, 4, 8, 8), 5: (2, 4, 4, 4, 4)}
+"""Floors under `scale`: enough batch for BatchNorm statistics, channels for groups, space for pools."""
+
+MAX_LINEAR_FEATURES = 16384
+"""Linear/LayerNorm only on a last dim this small: a [F, F] weight past it does not fit a GPU."""
+
+
+def base_shape(rank: int, scale: float = 1.0) -> Shape:
+    """The seed input shape of `rank` at `scale` (each dimension scaled, floored at MIN_DIMS).
+
+    The last dimension is kept a multiple of 8 (vector-friendly, and GLU halves it).
+    """
+    dims = [max(lo, round(d * scale)) for d, lo in zip(BASE_SHAPES[rank], MIN_DIMS[rank])]
+    dims[-1] = max(8, dims[-1] // 8 * 8)
+    return tuple(dims)
+
+
+@dataclass(frozen=True)
+class SeedOp:
+    """One operator: a template formatted with the input's shape variables (see `shape_vars`).
+
+    Module ops render as `self.<attr> = <template>` and `x = self.<attr>(x)`; function ops render
+    as `x = <template>` with `{x}` standing for the input.
+    """
+
+    name: str
+    family: str
+    template: str
+    ranks: tuple[int, ...]
+    module: bool = True
+    fits: Callable[[Shape], bool] = field(default=lambda shape: True, compare=False)
+
+    def accepts(self, shape: Shape) -> bool:
+        return len(shape) in self.ranks and self.fits(shape)
+
+    def expression(self, shape: Shape, x: str = "x") -> str:
+        return self.template.format(x=x, **shape_vars(shape))
+
+
+def shape_vars(shape: Shape) -> dict[str, int]:
+    """Template variables: C channels (dim 1), L last dim, G groups dividing C, H half of L."""
+    c = shape[1] if len(shape) > 1 else shape[0]
+    return {"C": c, "L": shape[-1], "G": math.gcd(c, 8), "H": max(1, shape[-1] // 2), "C2": max(1, c // 2)}
+
+
+def _spatial_at_least(n: int) -> Callable[[Shape], bool]:
+    return lambda shape: all(d >= n for d in shape[2:])
+
+
+def _last_at_most(n: int) -> Callable[[Shape], bool]:
+    return lambda shape: shape[-1] <= n
+
+
+def _even_last(shape: Shape) -> bool:
+    return shape[-1] % 2 == 0
+
+
+def _table() -> list[SeedOp]:
+    ops: list[SeedOp] = []
+    for d in (1, 2, 3):
+        r = d + 2
+        ops += [
+            SeedOp(name=f"nn.Conv{d}d", family="conv", template=f"nn.Conv{d}d({{C}}, {{C}}, kernel_size=3, padding=1)", ranks=(r,), fits=_spatial_at_least(3)),
+            SeedOp(name=f"nn.ConvTranspose{d}d", family="conv", template=f"nn.ConvTranspose{d}d({{C}}, {{C}}, kernel_size=3, padding=1)", ranks=(r,), fits=_spatial_at_least(3)),
+            SeedOp(name=f"nn.MaxPool{d}d", family="pooling", template=f"nn.MaxPool{d}d(kernel_size=2, stride=2)", ranks=(r,), fits=_spatial_at_least(2)),
+            SeedOp(name=f"nn.AvgPool{d}d", family="pooling", template=f"nn.AvgPool{d}d(kernel_size=2, stride=2)", ranks=(r,), fits=_spatial_at_least(2)),
+            SeedOp(name=f"nn.BatchNorm{d}d", family="norm", template=f"nn.BatchNorm{d}d({{C}})", ranks=(r,) if d > 1 else (2, 3)),
+            SeedOp(name=f"nn.InstanceNorm{d}d", family="norm", template=f"nn.InstanceNorm{d}d({{C}})", ranks=(r,), fits=_spatial_at_least(2)),
+        ]
+    ops += [
+        SeedOp(name="nn.AdaptiveAvgPool2d", family="pooling", template="nn.AdaptiveAvgPool2d(4)", ranks=(4,), fits=_spatial_at_least(4)),
+        SeedOp(name="nn.GroupNorm", family="norm", template="nn.GroupNorm({G}, {C})", ranks=(3, 4, 5)),
+        SeedOp(name="nn.LayerNorm", family="norm", template="nn.LayerNorm({L})", ranks=(2, 3, 4), fits=_last_at_most(MAX_LINEAR_FEATURES)),
+        SeedOp(name="nn.RMSNorm", family="norm", template="nn.RMSNorm({L})", ranks=(2, 3, 4), fits=_last_at_most(MAX_LINEAR_FEATURES)),
+        SeedOp(name="nn.Linear", family="linear", template="nn.Linear({L}, {L})", ranks=(2, 3), fits=_last_at_most(MAX_LINEAR_FEATURES)),
+        SeedOp(name="nn.Flatten", family="shape", template="nn.Flatten()", ranks=(3, 4, 5)),
+        SeedOp(name="nn.GLU", family="activation", template="nn.GLU(dim=-1)", ranks=(2, 3, 4, 5), fits=_even_last),
+        SeedOp(name="nn.PReLU", family="activation", template="nn.PReLU()", ranks=(2, 3, 4, 5)),
+        SeedOp(name="nn.Softmax", family="activation", template="nn.Softmax(dim=1)", ranks=(2, 3, 4, 5)),
+        SeedOp(name="nn.LogSoftmax", family="activation", template="nn.LogSoftmax(dim=1)", ranks=(2, 3, 4, 5)),
+        SeedOp(name="nn.LeakyReLU", family="activation", template="nn.LeakyReLU(negative_slope=0.1)", ranks=(2, 3, 4, 5)),
+        SeedOp(name="nn.Hardtanh", family="activation", template="nn.Hardtanh(min_val=-1.0, max_val=1.0)", ranks=(2, 3, 4, 5)),
+    ]
+    for act in ("ReLU", "ReLU6", "GELU", "SiLU", "Mish", "Sigmoid", "Tanh", "ELU", "SELU", "CELU", "Softplus",
+                "Softsign", "Hardswish", "Hardsigmoid", "LogSigmoid", "Tanhshrink", "Softshrink", "Hardshrink"):
+        ops.append(SeedOp(name=f"nn.{act}", family="activation", template=f"nn.{act}()", ranks=(2, 3, 4, 5)))
+    for fn in ("torch.abs", "torch.sin", "torch.cos", "torch.erf", "torch.exp", "torch.square", "torch.sigmoid", "torch.tanh"):
+        ops.append(SeedOp(name=fn, family="elementwise", template=f"{fn}({{x}})", ranks=(2, 3, 4, 5), module=False))
+    ops += [
+        SeedOp(name="torch.clamp", family="elementwise", template="torch.clamp({x}, min=-0.5, max=0.5)", ranks=(2, 3, 4, 5), module=False),
+        SeedOp(name="torch.mul", family="elementwise", template="torch.mul({x}, 2.0)", ranks=(2, 3, 4, 5), module=False),
+        SeedOp(name="torch.add", family="elementwise", template="torch.add({x}, {x})", ranks=(2, 3, 4, 5), module=False),
+        SeedOp(name="F.normalize", family="norm", template="F.normalize({x}, dim=1)", ranks=(2, 3, 4, 5), module=False),
+        SeedOp(name="torch.sum", family="reduction", template="torch.sum({x}, dim=1, keepdim=True)", ranks=(2, 3, 4, 5), module=False),
+        SeedOp(name="torch.mean", family="reduction", template="torch.mean({x}, dim=-1)", ranks=(3, 4, 5), module=False),
+        SeedOp(name="torch.amax", family="reduction", template="torch.amax({x}, dim=1)", ranks=(3, 4, 5), module=False),
+        SeedOp(name="torch.amin", family="reduction", template="torch.amin({x}, dim=1, keepdim=True)", ranks=(2, 3, 4, 5), module=False),
+        SeedOp(name="torch.logsumexp", family="reduction", template="torch.logsumexp({x}, dim=1, keepdim=True)", ranks=(2, 3, 4, 5), module=False),
+        SeedOp(name="torch.var", family="reduction", template="torch.var({x}, dim=-1, keepdim=True)", ranks=(2, 3, 4, 5), module=False),
+        SeedOp(name="torch.cumsum", family="reduction", template="torch.cumsum({x}, dim=1)", ranks=(2, 3, 4, 5), module=False),
+    ]
+    return ops
+
+
+NAMESPACE = {"torch": torch, "nn": nn, "F": F}
+"""What a template may refer to; rendered sources import exactly these names."""
+
+
+def build(op: SeedOp, shape: Shape) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The op as a callable for an input of `shape` (a module is built on the current device)."""
+    expr = op.expression(shape)
+    if op.module:
+        return eval(expr, dict(NAMESPACE))  # noqa: S307 - our own table's templates
+    return eval(f"lambda x: {expr}", dict(NAMESPACE))  # noqa: S307
+
+
+def output_shape(op: SeedOp, shape: Shape) -> Shape | None:
+    """`op`'s output shape on a meta tensor of `shape`, or None if it does not build or run."""
+    if not op.accepts(shape):
+        return None
+    try:
+        with torch.device("meta"):
+            fn = build(op, shape)
+            out = fn(torch.empty(shape, device="meta"))
+    except Exception:  # noqa: BLE001 - any failure means "this op does not take this input"
+        return None
+    if not isinstance(out, torch.Tensor) or out.dim() == 0 or out.numel() == 0 or not out.is_floating_point():
+        return None
+    return tuple(out.shape)
+
+
+@functools.cache
+def seed_ops() -> tuple[SeedOp, ...]:
+    """Table entries the installed torch provides and that run on their own base input shape."""
+    found = []
+    for op in _table():
+        root, _, attr = op.name.partition(".")
+        if not hasattr(NAMESPACE[root], attr):
+            continue
+        if any(output_shape(op, base_shape(r)) is not None for r in op.ranks):
+            found.append(op)
+    return tuple(found)
+
+
+def uncovered_nn_modules() -> list[str]:
+    """`torch.nn` module classes with no table entry (the crawl's to-do list, for reports)."""
+    covered = {op.name.removeprefix("nn.") for op in _table()}
+    return sorted(
+        name for name, obj in vars(nn).items()
+        if isinstance(obj, type) and issubclass(obj, nn.Module) and name not in covered and not name.startswith("_")
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering
+
+
+def _attr_name(op: SeedOp, index: int) -> str:
+    return f"{op.name.split('.')[-1].lower()}_{index}"
+
+
+def render_model(stages: list[tuple[SeedOp, Shape, Shape]], input_shape: Shape, doc: str) -> str:
+    """KernelBench-format source applying `stages` ((op, input shape, output shape), in order)."""
+    init, forward = [], []
+    for i, (op, shape, out) in enumerate(stages):
+        if op.module:
+            attr = _attr_name(op, i)
+            init.append(f"        self.{attr} = {op.expression(shape)}")
+            forward.append(f"        x = self.{attr}(x)  # {list(shape)} -> {list(out)}")
+        else:
+            forward.append(f"        x = {op.expression(shape)}  # {list(shape)} -> {list(out)}")
+    init = init or ["        pass"]
+    dims = ", ".join(str(d) for d in input_shape)
+    lines = [
+        "import torch",
+        "import torch.nn as nn",
+        "import torch.nn.functional as F",
+        "",
+        "",
+        "class Model(nn.Module):",
+        f'    """{doc}"""',
+        "",
+        "    def __init__(self):",
+        "        super().__init__()",
+        *init,
+        "",
+        "    def forward(self, x: torch.Tensor) -> torch.Tensor:",
+        *forward,
+        "        return x",
+        "",
+        "",
+        "def get_inputs():",
+        f"    return [torch.randn({dims})]",
+        "",
+        "",
+        "def get_init_inputs():",
+        "    return []",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def seed_task(op: SeedOp, *, scale: float = 1.0, rank: int | None = None) -> Task:
+    """One seed operator as a Task, on its first accepted rank's base input (or `rank`)."""
+    ranks = [rank] if rank is not None else list(op.ranks)
+    for r in ranks:
+        shape = base_shape(r, scale)
+        out = output_shape(op, shape)
+        if out is not None:
+            source = render_model([(op, shape, out)], shape, f"Seed operator {op.name} ({op.family}).")
+            meta = {"source": "seed", "ops": op.name, "family": op.family, "depth": 1, "scale": scale}
+            return Task(task_id=f"seed/{op.name}/r{r}", source=source, name=op.name, metadata=meta)
+    raise ValueError(f"{op.name} accepts none of ranks {ranks} at scale {scale}")
+
+
+def seed_tasks(*, scale: float = 1.0) -> list[Task]:
+    """Every seed operator rendered on its first accepted rank."""
+    return [seed_task(op, scale=scale) for op in seed_ops()]
