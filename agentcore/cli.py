@@ -16,6 +16,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("rewards.eval_cmd:main", "evaluate one solution the way the trainer does"),
     "train": ("rl.train:main", "train the agent: a recipe, a stage, dotted overrides, --resume"),
     "plot": ("rl.plot:main", "draw a run's training curves to PNG"),
+    "synth": ("rl.data.synth_cmd:main", "synthesize training tasks: compose, decontaminate, GPU-filter, report"),
+    "bench": ("bench.kernelbench.cli:main", "benchmark a model (or replay a solution set) on KernelBench"),
 }
 
 

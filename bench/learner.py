@@ -50,6 +50,7 @@ from rl.fsdp import (
     Dist,
     apply_activation_checkpointing,
     close_distributed,
+    compile_blocks,
     init_distributed,
     shard,
 )
@@ -150,16 +151,22 @@ def update_flops(hf_cfg: dict, samples: list[Sample]) -> float:
 # One configuration
 
 
-def build(size: str, d: Dist, ac: bool, attn: str) -> tuple:
+def build(
+    size: str, d: Dist, ac: bool, attn: str, compile_head: bool = True, reshard: bool = True, compile_layers: bool = False
+) -> tuple:
     """Actor and critic, sharded, with AdamW; the models are created on the device directly."""
-    cfg = ModelConfig(hf_config=model_config(size), attn_implementation=attn, gradient_checkpointing=ac)
+    cfg = ModelConfig(
+        hf_config=model_config(size), attn_implementation=attn, gradient_checkpointing=ac, compile_head=compile_head
+    )
     with torch.device(d.device):
         actor, critic = build_actor(cfg, d.device), build_critic(cfg, d.device)
     params = count_params(actor), count_params(critic)
     for module in (actor, critic):
+        if compile_layers:
+            compile_blocks(layers(module))
         if ac:
             apply_activation_checkpointing(module, layers(module))
-        shard(module, layers=layers(module))
+        shard(module, layers=layers(module), reshard_after_forward=reshard)
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-6, betas=(0.9, 0.95)) for m in (actor, critic)]
     return actor, critic, *opts, params
 
@@ -167,7 +174,7 @@ def build(size: str, d: Dist, ac: bool, attn: str) -> tuple:
 def run_one(size: str, tokens: int, args: argparse.Namespace, d: Dist) -> dict:
     """Warm up, then time `args.steps` PPO updates; one result row (global figures)."""
     hf_cfg = model_config(size)
-    actor, critic, actor_opt, critic_opt, params = build(size, d, not args.no_ac, args.attn)
+    actor, critic, actor_opt, critic_opt, params = build(size, d, not args.no_ac, args.attn, not args.no_compile_head, not args.no_reshard, args.compile_blocks)
     rng = random.Random(args.seed * 1000 + d.rank)
     cfg = PPOConfig(token_budget=tokens)
     batches = [
@@ -185,6 +192,8 @@ def run_one(size: str, tokens: int, args: argparse.Namespace, d: Dist) -> dict:
         with _profiler(args.profile / f"profile_{size}_{tokens}.txt" if profile else None):
             metrics = ppo_step(actor, critic, actor_opt, critic_opt, samples, cfg, d.device)
             _sync(d)
+        if args.verbose and d.is_main:
+            print(f"  step {i} ({'timed' if timed else 'warm-up'}): {time.perf_counter() - t0:.2f} s", file=sys.stderr, flush=True)
         if timed:
             times.append(time.perf_counter() - t0)
             flops.append(_global_sum(update_flops(hf_cfg, samples), d))
@@ -200,6 +209,9 @@ def run_one(size: str, tokens: int, args: argparse.Namespace, d: Dist) -> dict:
         "world_size": d.world_size,
         "activation_checkpointing": not args.no_ac,
         "attn": args.attn,
+        "compile_head": not args.no_compile_head,
+        "reshard_after_forward": not args.no_reshard,
+        "compile_blocks": args.compile_blocks,
         "step_s": times,
         "step_s_median": step_s,
         "tokens_per_step": statistics.median(seen),
@@ -272,9 +284,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=3, help="timed updates per configuration")
     p.add_argument("--warmup", type=int, default=2, help="untimed updates first (compilation, allocator)")
     p.add_argument("--no-ac", action="store_true", help="no activation checkpointing")
+    p.add_argument("--no-compile-head", action="store_true", help="eager log-softmax/entropy over the LM head chunks")
+    p.add_argument("--compile-blocks", action="store_true", help="torch.compile each decoder block's forward")
+    p.add_argument("--no-reshard", action="store_true", help="keep gathered bf16 weights between forward and backward")
     p.add_argument("--attn", default="auto", help="attention implementation (auto: flex_attention on CUDA)")
     p.add_argument("--peak-tflops", type=float, help="peak bf16 dense TFLOP/s per GPU (overrides detection)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--verbose", action="store_true", help="print every update's time (warm-up included) to stderr")
     p.add_argument("--out", type=Path, help="write the JSON report here")
     p.add_argument("--profile", type=Path, help="profile the last timed step of each run into this folder")
     args = p.parse_args(argv)

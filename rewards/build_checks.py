@@ -39,7 +39,8 @@ _BINDING_FORBIDDEN = ("torch/extension.h", "torch/torch.h", "torch/all.h")
 class Unit(Struct, frozen=True, kw_only=True):
     """One translation unit: paths relative to the workspace."""
 
-    kind: Literal["cuda", "cxx"]
+    kind: Literal["cuda", "cxx", "cuda_torch"]
+    """cuda_torch: a .cu with torch headers, only from `rewards.inline` (load_inline solutions)."""
     path: str
     headers: tuple[str, ...] = ()
     """Local headers it includes, transitively, sorted."""

@@ -51,6 +51,7 @@ from rewards.verify_wire import (
     TrialReport,
     parent_decoder,
     read_tensor,
+    share_cuda,
 )
 
 _synchronize = torch.cuda.synchronize  # bound before any candidate is imported
@@ -140,11 +141,15 @@ class Session:
         self.load, self.model, self.task = load, model, task
         self.device = torch.device(load.device)
         self.cuda = self.device.type == "cuda"
-        self.stream = torch.cuda.Stream(self.device) if self.cuda else None
+        self.stream = None
+        if self.cuda:
+            default = load.harness_stream == "default"
+            self.stream = torch.cuda.default_stream(self.device) if default else torch.cuda.Stream(self.device)
         self.transfer = Path(load.transfer_dir)
         self.inputs: list | None = None
         self.prev_outputs: list[torch.Tensor] = []
         self.prev_fps: list[str] = []
+        self.shared: list[torch.Tensor] = []  # outputs shared by IPC, alive until the next trial
 
     @classmethod
     def start(cls, load: Load) -> tuple[Session | None, Loaded]:
@@ -188,7 +193,11 @@ class Session:
         after = probes.snapshot()
         changed = tuple(i for (i, t), fp in zip(tensors, fps) if probes.fingerprint(t) != fp)
         prev_changed, same_storage = self._previous(plain, tensors)
-        infos = self._send_outputs(outputs, tensors, msg.run)
+        try:
+            infos = self._send_outputs(outputs, tensors, msg)
+        except Exception as exc:  # noqa: BLE001 - e.g. a blob past RLIMIT_FSIZE: the harness's failure, said so
+            error = f"the harness could not transfer the outputs: {describe_exception(exc)}"
+            return TrialReport(index=msg.index, run=msg.run, ok=False, error=error, input_fingerprints=fps)
         self.prev_outputs, self.prev_fps = plain, list(fp_device)
         return TrialReport(
             index=msg.index, run=msg.run, ok=True, outputs=infos, input_fingerprints=fps,
@@ -240,12 +249,13 @@ class Session:
         trace.unlink(missing_ok=True)
         return _as_list(out), {}, kernels, marker
 
-    def _send_outputs(self, outputs: list, tensors: list, run: int) -> tuple[OutputInfo, ...]:
+    def _send_outputs(self, outputs: list, tensors: list, msg: Trial) -> tuple[OutputInfo, ...]:
         input_keys = {_storage(t) for _, t in tensors} - {None}
-        infos = []
-        with BlobWriter(self.transfer, f"out-{run}.bin") as writer:
+        infos, self.shared = [], []
+        with BlobWriter(self.transfer, f"out-{msg.run}.bin") as writer:
             for out in outputs:
-                infos.append(_describe(out, input_keys, writer))
+                info = _describe(out, input_keys, writer, self.shared if msg.share_cuda and self.cuda else None)
+                infos.append(info)
         return tuple(infos)
 
 
@@ -275,17 +285,22 @@ def _same_layout(old: list, new: list) -> bool:
     return True
 
 
-def _describe(out, input_keys: set[int], writer: BlobWriter) -> OutputInfo:
+def _describe(out, input_keys: set[int], writer: BlobWriter, shared: list | None) -> OutputInfo:
     if not isinstance(out, torch.Tensor):
         return OutputInfo(type_name=type(out).__name__, plain=False, device="", dtype="", shape=(), has_storage=False, aliases_input=False)
     plain = type(out) is torch.Tensor
     key = _storage(out) if plain else None
     has_storage = plain and out.device.type != "meta" and (key is not None or out.numel() == 0)
-    data = writer.add(out) if has_storage else None
+    data, cuda = None, None
+    if has_storage and shared is not None and out.is_cuda and out.numel() > 0:
+        shared.append(out.detach().contiguous())
+        cuda = share_cuda(shared[-1])
+    elif has_storage:
+        data = writer.add(out)
     return OutputInfo(
         type_name=f"{type(out).__module__}.{type(out).__qualname__}", plain=plain, device=str(out.device),
         dtype=str(out.dtype).removeprefix("torch."), shape=tuple(out.shape), has_storage=has_storage,
-        aliases_input=key in input_keys, data=data,
+        aliases_input=key in input_keys, data=data, cuda=cuda,
     )
 
 

@@ -39,7 +39,7 @@ from msgspec import Struct
 
 from agentcore.types import CompileResult
 from rewards import compiler_log, linker
-from rewards.build_checks import Unit, plan_build
+from rewards.build_checks import BuildPlan, Unit, plan_build
 from rewards.subprocesses import ProcessRun, file_lock, run_process
 from rewards.toolchain import Toolchain, ToolchainError, discover_toolchain
 
@@ -55,6 +55,11 @@ PCH_INCLUDES = (
     "ATen/DeviceAccelerator.h",
 )
 PCH_CUDA_INCLUDES = ("c10/cuda/CUDAStream.h",)  # only a CUDA wheel of torch ships these
+# torch.utils.cpp_extension's COMMON_NVCC_FLAGS: load_inline sources are written against them.
+TORCH_NVCC_FLAGS = (
+    "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__", "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
+    "-D__CUDA_NO_HALF2_OPERATORS__", "--expt-relaxed-constexpr",
+)
 
 
 class CompileConfig(Struct, frozen=True, kw_only=True):
@@ -181,11 +186,12 @@ class CompilePool:
         pch_key = _digest(self._pch_text(), self.toolchain.cxx, self.toolchain.fingerprint, *self._pch_flags())
         self.pch_header = self.cache_dir / "pch" / pch_key[:24] / "torch_pch.h"
 
-    async def build(self, workspace: Path) -> Build:
-        """Check, compile what the cache lacks, link; a model failure is `ok=False`."""
+    async def build(self, workspace: Path, units: tuple[Unit, ...] | None = None) -> Build:
+        """Check, compile what the cache lacks, link; a model failure is `ok=False`. `units`
+        skips the layout check and builds exactly those (`rewards.inline`'s load_inline units)."""
         start = time.perf_counter()
         root = workspace.resolve()
-        plan = await anyio.to_thread.run_sync(plan_build, root)
+        plan = BuildPlan(units=units) if units is not None else await anyio.to_thread.run_sync(plan_build, root)
         if plan.problems:
             return self._finish(start, ok=False, log="\n".join(plan.problems))
         snapshot = Path(tempfile.mkdtemp(prefix="src-", dir=self.cache_dir / "tmp"))
@@ -217,7 +223,7 @@ class CompilePool:
 
     def compile_command(self, unit: Unit, out: Path) -> list[str]:
         """The compiler's argv for `unit`, run from the workspace (or its snapshot) root."""
-        compiler = self.toolchain.nvcc if unit.kind == "cuda" else self.toolchain.cxx
+        compiler = self.toolchain.nvcc if unit.kind.startswith("cuda") else self.toolchain.cxx
         return [compiler, "-c", *self._flags(unit.kind), unit.path, "-o", str(out)]
 
     # -- the steps of a build --------------------------------------------------------------------
@@ -231,7 +237,7 @@ class CompilePool:
             for rel, data in files.items():
                 (snapshot / rel).parent.mkdir(parents=True, exist_ok=True)
                 (snapshot / rel).write_bytes(data)
-            compiler = self.toolchain.nvcc if unit.kind == "cuda" else self.toolchain.cxx
+            compiler = self.toolchain.nvcc if unit.kind.startswith("cuda") else self.toolchain.cxx
             parts = [unit.kind, compiler, self.toolchain.fingerprint, *self._flags(unit.kind)]
             keys[unit.path] = _digest(*parts, *(x for item in sorted(files.items()) for x in item))
         return keys
@@ -298,7 +304,7 @@ class CompilePool:
 
     async def _link(self, snapshot: Path, outcomes: list[_Outcome]) -> _Linked:
         """The module linked from the outcomes' objects, or reused from the cache."""
-        sources = [(snapshot / o.unit.path).read_text(errors="replace") for o in outcomes if o.unit.kind == "cuda"]
+        sources = [(snapshot / o.unit.path).read_text(errors="replace") for o in outcomes if o.unit.kind.startswith("cuda")]
         flags = linker.link_flags(self.toolchain, linker.vendor_libraries(sources))
         key = _digest("link", self.toolchain.fingerprint, *flags, *(o.key for o in outcomes))
         so_path = self.cache_dir / "so" / key[:32] / f"{MODULE_NAME}{self.toolchain.ext_suffix}"
@@ -358,6 +364,9 @@ class CompilePool:
             code = f"-gencode=arch=compute_{self.arch.removeprefix('sm_')},code={self.arch}"
             vendor = [f"-I{d}" for d in linker.vendor_dirs("include")]  # cudnn.h ships in a wheel
             return ["-ccbin", tc.cxx, "-Xcompiler", "-fPIC", *self.config.nvcc_flags, code, "-I.", *vendor]
+        if kind == "cuda_torch":  # a load_inline .cu: torch headers and cpp_extension's nvcc flags
+            flags = self._flags("cuda") + [*tc.defines, *TORCH_NVCC_FLAGS]
+            return flags + [arg for d in tc.cxx_include_dirs for arg in ("-isystem", d)]
         flags = ["-fPIC", *self.config.cxx_flags, *tc.defines, "-I."]
         flags += [arg for d in tc.cxx_include_dirs for arg in ("-isystem", d)]
         flags += ["-fdiagnostics-color=never", "-fmax-errors=10"]

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Literal
 
 import anyio
+import msgspec
 from msgspec import Struct
 
 from agentcore.types import CompileResult, ProfileResult, Task, VerifyResult
@@ -87,6 +88,8 @@ class Prepared(Struct, frozen=True, kw_only=True):
 
     build: Build | None = None
     verdict: Verdict | None = None
+    inline: bool = False
+    """A single-file load_inline solution (rewards.inline): verified on the default stream."""
 
 
 class RewardsKernelEnv:
@@ -144,10 +147,12 @@ class RewardsKernelEnv:
             self.baselines[key] = outcome.baselines
         return outcome
 
-    async def final_verdict(self, workspace: Path, task: Task, build: Build) -> Verdict:
-        """Final-mode verification of a built workspace (rewards.evaluate)."""
+    async def final_verdict(self, workspace: Path, task: Task, build: Build, *, inline: bool = False) -> Verdict:
+        """Final-mode verification of a built workspace (rewards.evaluate); `inline`: a
+        single-file solution, run on the default stream (VerifyConfig.harness_stream)."""
+        config = msgspec.structs.replace(self.config.verify, harness_stream="default") if inline else self.config.verify
         return await verify_workspace(self._queue(), workspace, task, build.artifact.so_path, "final",
-                                      config=self.config.verify, deadline_s=self.config.job_deadline_s)
+                                      config=config, deadline_s=self.config.job_deadline_s)
 
     def _queue(self) -> GpuQueue:
         if self.queue is None:

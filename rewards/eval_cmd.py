@@ -1,17 +1,17 @@
 """`cuda-agent eval`: evaluate one solution the way the trainer does.
 
-    cuda-agent eval --task model.py --solution WORKSPACE_DIR [--json]
+    cuda-agent eval --task model.py --solution WORKSPACE_DIR|MODEL_NEW.py [--json]
 
 WORKSPACE_DIR is a workspace in our layout (model_new.py, kernels/<name>.cu,
 kernels/<name>_binding.cpp); only those files are read, as in training (`rewards.evaluate`).
+MODEL_NEW.py is a single-file KernelBench solution that calls `load_inline`: its sources are
+read statically and built by the compile pool (`rewards.inline`), never by the candidate.
 It runs the static checks, the build, final-mode verification and profiling, and prints the
 verdict, the hack category, the three times and the reward; `--json` prints the flat
 reward_info dict instead.
 
 Exit status: 0 the solution is correct and was timed; 1 it failed (hack, no build, wrong answer,
-crash); 2 the command line, the task or the solution is unusable (including single-file
-KernelBench solutions, not yet supported: their load_inline build would run inside the
-candidate child); 3 no GPU on this machine (the static checks and the build still ran, and a
+crash); 2 the command line, the task or the solution is unusable; 3 no GPU on this machine (the static checks and the build still ran, and a
 failure there is still 1); 4 the evaluation itself broke (no compiler, a task whose reference
 cannot run, a broken worker), with the reason and no traceback.
 
@@ -48,7 +48,8 @@ class UsageError(Exception):
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="cuda-agent eval", description=__doc__.split("\n")[0])
     parser.add_argument("--task", required=True, help="KernelBench-format model.py (the reference)")
-    parser.add_argument("--solution", required=True, help="a workspace directory in our layout")
+    parser.add_argument("--solution", required=True,
+                        help="a workspace directory in our layout, or a single-file load_inline model_new.py")
     parser.add_argument("--json", action="store_true", help="print reward_info as JSON")
     return parser.parse_args(argv)
 
@@ -71,8 +72,12 @@ def load_task_file(path: Path) -> Task:
 
 def check_solution(path: Path) -> Path:
     if path.is_file():
-        raise UsageError(f"{path}: single-file solutions (KernelBench load_inline): not yet supported; "
-                         "pass a workspace directory with model_new.py and kernels/")
+        if path.suffix != ".py":
+            raise UsageError(f"{path}: a single-file solution is a Python file (model_new.py calling load_inline)")
+        if "load_inline" not in path.read_text(errors="replace"):
+            raise UsageError(f"{path}: a single-file solution must build its kernels with load_inline; "
+                             "otherwise pass a workspace directory with model_new.py and kernels/")
+        return path
     if not path.is_dir():
         raise UsageError(f"solution {path} does not exist")
     if not (path / "model_new.py").is_file():
@@ -96,15 +101,26 @@ def describe(score: Score) -> str:
     return "\n".join(lines)
 
 
+def _as_workspace(solution: Path, scratch: Path) -> Path:
+    """A single file becomes the model_new.py of a workspace with no kernels/."""
+    if solution.is_dir():
+        return solution
+    workspace = scratch / "single"
+    workspace.mkdir()
+    (workspace / "model_new.py").write_bytes(solution.read_bytes())
+    return workspace
+
+
 async def evaluate(task: Task, solution: Path, config: EnvConfig) -> tuple[Score | None, str]:
     """The Score (None when it needs a GPU this machine lacks) and a note about the machine."""
     async with open_kernel_env(config) as env:
         note = "" if env.queue is not None else "this machine has no GPU: only the static checks and the build ran"
         with tempfile.TemporaryDirectory(prefix="eval-") as scratch:
-            snapshot = snapshot_solution(solution, task, Path(scratch) / "ws")
-            prepared = await env.prepare(snapshot, task)
+            snapshot = snapshot_solution(_as_workspace(solution, Path(scratch)), task, Path(scratch) / "ws")
+            evaluator = FinalEvaluator(env)
+            prepared = await evaluator.prepare(snapshot, task)
             try:
-                return await FinalEvaluator(env).evaluate_prepared(snapshot, task, prepared), note
+                return await evaluator.evaluate_prepared(snapshot, task, prepared), note
             except NoGpuError:
                 return None, f"static checks passed and the build succeeded; {note}"
 

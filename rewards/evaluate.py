@@ -12,6 +12,10 @@ a modified model.py or binding.cpp, a stray header or a planted extension module
 workspace never reaches the evaluation. Local headers (kernels/*.cuh) are not copied either, so a
 solution that includes one fails to build here.
 
+A single-file KernelBench solution (model_new.py calling `load_inline`, no kernels/ files) is
+detected here and converted by `rewards.inline`: its sources are read from the AST and built by
+the compile pool, and the candidate child only imports the prebuilt module.
+
 Every failure of the candidate (a hack, no build, a wrong answer, a crash while timed) is a
 `Score` with `config.fail_reward` and the reason in reward_info; infrastructure errors raise.
 
@@ -36,6 +40,7 @@ from msgspec import Struct
 
 from agentcore.types import Task, Trajectory
 from rewards.env import Prepared, RewardsKernelEnv, pristine_files
+from rewards.inline import is_inline_solution, prepare_inline
 from rewards.profile import Profile
 from rewards.reward import RewardConfig, score
 from rewards.verdict import Score, Verdict, VerdictStatus, reward_info
@@ -109,16 +114,23 @@ class FinalEvaluator:
         scratch = Path(await anyio.to_thread.run_sync(lambda: tempfile.mkdtemp(prefix="final-", dir=root)))
         try:
             snapshot = await anyio.to_thread.run_sync(snapshot_solution, workspace, task, scratch / "ws")
-            prepared = await self.env.prepare(snapshot, task)
+            prepared = await self.prepare(snapshot, task)
             return await self.evaluate_prepared(snapshot, task, prepared)
         finally:
             await anyio.to_thread.run_sync(lambda: shutil.rmtree(scratch, ignore_errors=True))
+
+    async def prepare(self, snapshot: Path, task: Task) -> Prepared:
+        """Static checks and build of a snapshot: our layout, or a single-file load_inline
+        solution (model_new.py calling load_inline, no kernels/ files; `rewards.inline`)."""
+        if await anyio.to_thread.run_sync(is_inline_solution, snapshot):
+            return await prepare_inline(self.env, snapshot, task)
+        return await self.env.prepare(snapshot, task)
 
     async def evaluate_prepared(self, snapshot: Path, task: Task, prepared: Prepared) -> Score:
         """Verify and profile a checked, built snapshot (raises NoGpuError without a GPU)."""
         if prepared.verdict is not None:
             return score(prepared.verdict, None, None, None, self.config.reward)
-        verdict = await self.env.final_verdict(snapshot, task, prepared.build)
+        verdict = await self.env.final_verdict(snapshot, task, prepared.build, inline=prepared.inline)
         if not verdict.ok:
             return score(verdict, None, None, None, self.config.reward)
         timed = await self.env.time(snapshot, task, prepared.build)

@@ -15,7 +15,9 @@ is profiled on CUDA.
 Inputs are drawn on both sides rather than shipped: the parent sends (seed, variant, scale) only
 after the child has loaded the candidate, the child draws with the same code and the parent
 checks the child's input fingerprints bit for bit. KernelBench inputs reach 16 GiB; shipping them
-through files would cost seconds per trial. Outputs travel as blob files.
+through files would cost seconds per trial. CUDA outputs travel by CUDA IPC (the parent maps the
+child's allocation and copies it on the device: no file, so the sandbox's 4 GiB file-size limit
+never meets a 6.4 GB output); CPU outputs and the state_dict travel as blob files.
 
 What it is not: no compiling (`rewards.compile_pool`), no timing (the profile handler). The
 child's crashes, exceptions, CUDA errors and timeouts are Verdict values; only broken
@@ -86,6 +88,14 @@ class VerifyConfig(Struct, frozen=True, kw_only=True):
     """Starting the child and building ModelNew."""
     trial_timeout_s: float = 180.0
     """One forward call with its input draw and output transfer."""
+    share_cuda: bool = True
+    """CUDA outputs reach the verifier by CUDA IPC (one device copy); False: blob files through
+    host memory and disk (seconds per GB, and bound by the sandbox's file-size limit)."""
+    harness_stream: Literal["side", "default"] = "side"
+    """The stream the candidate's forward runs on: a fresh side stream (our layout: kernels must
+    launch on c10::cuda::getCurrentCUDAStream()), or the default stream, for single-file
+    KernelBench solutions, which launch with <<<grid, block>>> as KernelBench's evaluator expects.
+    Kernels on any other stream are SIDE_STREAM either way."""
 
 
 class VerifyRequest(Struct, frozen=True, kw_only=True):

@@ -28,7 +28,7 @@ from rewards.inputs import TrialSpec, derive_seed, draw_inputs, load_task, plan_
 from rewards.judge import Judge, JudgeSettings
 from rewards.probes import fingerprint, pin_precision
 from rewards.verdict import Verdict
-from rewards.verify_wire import BlobWriter, ChildGone, Load, Loaded, Trial, TrialReport, read_tensor
+from rewards.verify_wire import BlobWriter, ChildGone, Load, Loaded, Trial, TrialReport, open_cuda, read_tensor
 
 MIB = 1 << 20
 
@@ -117,7 +117,8 @@ class Verification:
         self.model = model.to(self.device)
         load = Load(task_source=self.request.task_source, candidate_dir=str(self.candidate_dir),
                     so_path=self.request.so_path, device=str(self.device), init_inputs=text,
-                    init_seed=init_seed, state=state, transfer_dir=str(self.transfer))
+                    init_seed=init_seed, state=state, transfer_dir=str(self.transfer),
+                    harness_stream=self.config.harness_stream)
         loaded = self._call(load, self.config.load_timeout_s)
         (self.transfer / "state.bin").unlink(missing_ok=True)
         if loaded is None:
@@ -155,7 +156,8 @@ class Verification:
             msg = Trial(index=spec.index, run=self.runs, seed=spec.seed, variant=variant, scale=spec.scale,
                         reuse_buffers=spec.reuse_buffers or run > 0, poison=poison,
                         expected_nbytes=tuple(_nbytes([r]) for r in refs),
-                        audit=not (spec.profile and last), profile=spec.profile and last)
+                        audit=not (spec.profile and last), profile=spec.profile and last,
+                        share_cuda=self.device.type == "cuda" and self.config.share_cuda)
             self.runs += 1
             report = self._call(msg, self.config.trial_timeout_s)
             if not self._observed(report, expected, spec.index):
@@ -175,6 +177,9 @@ class Verification:
         if not isinstance(report, TrialReport):
             if report is not None:
                 self.judge.runtime_error("the candidate process answered out of protocol")
+            return False
+        if not report.ok and not report.input_fingerprints:  # failed before or without its inputs
+            self.judge.runtime_error(f"trial {index}: {report.error}")
             return False
         self.judge.observe(report, expected, index)
         if not report.ok:
@@ -214,9 +219,14 @@ class Verification:
             self.judge.details["fp64_reference"] = self.fp64_ok
         return self.fp64_ok
 
+    def _output(self, info):
+        if info.cuda is not None:
+            return open_cuda(info.cuda, info.dtype, info.shape, self.device)
+        return read_tensor(self.transfer, info.data).to(self.device) if info.data else None
+
     def _outputs(self, report: TrialReport) -> list | None:
         try:
-            outs = [read_tensor(self.transfer, info.data).to(self.device) if info.data else None for info in report.outputs]
+            outs = [self._output(info) for info in report.outputs]
         except (ValueError, RuntimeError) as exc:
             self.judge.runtime_error(f"the candidate's outputs could not be read: {exc}")
             return None

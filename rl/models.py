@@ -12,8 +12,9 @@ gradient_checkpointing` is read by the caller that builds the learner, never her
 casts dtypes inside `forward`, so FSDP2's `MixedPrecisionPolicy` decides the compute dtype.
 
 Packed inputs (one [1, T] row holding several documents): the backbone is called with
-`attention_mask=None`, `use_cache=False` and `position_ids` restarting at 0 for each document;
-transformers 5 then masks attention per document (sdpa, eager and flex_attention alike).
+`use_cache=False` and `position_ids` restarting at 0 for each document; with `attention_mask=None`
+transformers 5 then masks attention per document (sdpa, eager); under "varlen" (the CUDA default,
+`rl.attention`) the document bounds go in as cu_seq_lens, under flex_attention as our BlockMask.
 
 Example:
     cfg = ModelConfig(hf_config=tiny_qwen2_config(vocab_size=32))
@@ -31,6 +32,8 @@ from msgspec import Struct
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from rl import attention
+
 
 class ModelConfig(Struct, frozen=True, kw_only=True):
     """Where the weights come from and how the forward pass is computed."""
@@ -40,13 +43,17 @@ class ModelConfig(Struct, frozen=True, kw_only=True):
     hf_config: dict[str, Any] | None = None
     """A Qwen2-style config dict for random init when `path` is None."""
     attn_implementation: str = "auto"
-    """"auto" = "flex_attention" on CUDA (needs head_dim >= 16), "sdpa" on CPU; or any HF name."""
+    """"auto" = "varlen" (rl.attention: FlashAttention over cu_seq_lens) on CUDA when torch has it,
+    else "flex_attention"; "sdpa" on CPU; or any HF name."""
     param_dtype: str = "float32"
     """Dtype of the master weights (FSDP2 casts to bf16 for compute)."""
     gradient_checkpointing: bool = True
     """Checkpoint each decoder layer; applied by `rl.fsdp.apply_activation_checkpointing`."""
     logprob_chunk_tokens: int = 1024
     """Tokens per chunk of the LM head + log-softmax (bounds the fp32 logits to chunk x vocab)."""
+    compile_head: bool = True
+    """On CUDA, fuse the fp32 log-softmax / gather / entropy over each chunk's logits into
+    compiled kernels (eager runs them as ~6 passes over a [chunk, vocab] fp32 tensor each way)."""
     seed: int = 0
     """Seed of the random init (actor and critic backbones start equal)."""
 
@@ -54,10 +61,11 @@ class ModelConfig(Struct, frozen=True, kw_only=True):
 class Actor(nn.Module):
     """A causal LM that returns per-token log-probs and entropies of packed sequences."""
 
-    def __init__(self, lm: nn.Module, logprob_chunk_tokens: int = 4096) -> None:
+    def __init__(self, lm: nn.Module, logprob_chunk_tokens: int = 4096, compile_head: bool = False) -> None:
         super().__init__()
         self.lm = lm
         self.logprob_chunk_tokens = logprob_chunk_tokens
+        self.compile_head = compile_head
 
     def forward(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, targets: torch.Tensor
@@ -67,28 +75,56 @@ class Actor(nn.Module):
         The caller passes targets = input_ids shifted left by one within each document.
         """
         hidden = self.lm.base_model(
-            input_ids=input_ids, position_ids=position_ids,
-            attention_mask=document_mask(self.lm, position_ids), use_cache=False,
+            input_ids=input_ids, position_ids=position_ids, use_cache=False,
+            **attention_kwargs(self.lm, position_ids),
         ).last_hidden_state  # [1, T, H]
         head = self.lm.get_output_embeddings()
         hidden, targets = hidden[0], targets[0]  # [T, H], [T]
+        stats = _compiled_stats() if self.compile_head and hidden.is_cuda else _logit_stats
         logprobs, entropy = [], []
         for start in range(0, hidden.shape[0], self.logprob_chunk_tokens):
             end = start + self.logprob_chunk_tokens
             # Recomputed in backward: only one chunk's [c, vocab] logits is ever alive.
-            lp, ent = checkpoint(_head_logprobs, head, hidden[start:end], targets[start:end], use_reentrant=False)
+            lp, ent = checkpoint(
+                _head_logprobs, head, hidden[start:end], targets[start:end], stats, use_reentrant=False
+            )
             logprobs.append(lp)
             entropy.append(ent)
         return torch.cat(logprobs).unsqueeze(0).clone(), torch.cat(entropy).unsqueeze(0).clone()  # [1, T]
 
 
-def _head_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _head_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, stats) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of `targets` and entropy under head(hidden), in fp32; [c] each."""
-    logits = head(hidden).float()  # [c, V]; upcast so log-softmax of a bf16 head is exact enough
+    return stats(head(hidden), targets)  # the head matmul stays a cuBLAS GEMM in the compute dtype
+
+
+def _logit_stats(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of `targets` and entropy of softmax(logits), in fp32; [c, V] -> [c] each."""
+    logits = logits.float()  # [c, V]; upcast so log-softmax of a bf16 head is exact enough
     lse = torch.logsumexp(logits, dim=-1)  # [c]
     logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
     entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
     return logprobs, entropy
+
+
+_COMPILED_STATS = None
+
+
+def _compiled_stats():
+    """`_logit_stats` compiled once per process (static chunk shape; the shorter last chunk of a
+    row makes it dynamic once)."""
+    global _COMPILED_STATS
+    if _COMPILED_STATS is None:
+        _COMPILED_STATS = torch.compile(_logit_stats, fullgraph=True)
+    return _COMPILED_STATS
+
+
+def attention_kwargs(model: nn.Module, position_ids: torch.Tensor) -> dict[str, Any]:
+    """What the backbone call needs, besides ids and positions, to mask a packed row by document:
+    cu_seq_lens for "varlen", our BlockMask for "flex_attention", nothing otherwise."""
+    if getattr(model.config, "_attn_implementation", None) == attention.NAME:
+        return {"attention_mask": None, **attention.packed_kwargs(position_ids)}
+    return {"attention_mask": document_mask(model, position_ids)}
 
 
 def document_mask(model: nn.Module, position_ids: torch.Tensor):
@@ -126,8 +162,8 @@ class Critic(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         hidden = self.backbone(
-            input_ids=input_ids, position_ids=position_ids,
-            attention_mask=document_mask(self.backbone, position_ids), use_cache=False,
+            input_ids=input_ids, position_ids=position_ids, use_cache=False,
+            **attention_kwargs(self.backbone, position_ids),
         ).last_hidden_state  # [1, T, H]
         return self.value_head(hidden)[..., 0].float().clone()  # [1, T] (a fresh tensor, not a view)
 
@@ -141,7 +177,7 @@ def build_actor(cfg: ModelConfig, device: torch.device | str) -> Actor:
         lm = AutoModelForCausalLM.from_pretrained(cfg.path, local_files_only=True, **kwargs)
     else:
         lm = _random_causal_lm(cfg, kwargs)
-    return Actor(lm, cfg.logprob_chunk_tokens).to(device)
+    return Actor(lm, cfg.logprob_chunk_tokens, cfg.compile_head).to(device)
 
 
 def build_critic(cfg: ModelConfig, device: torch.device | str) -> Critic:
@@ -161,7 +197,10 @@ def build_critic(cfg: ModelConfig, device: torch.device | str) -> Critic:
 def _load_kwargs(cfg: ModelConfig, device: torch.device | str) -> dict[str, Any]:
     attn = cfg.attn_implementation
     if attn == "auto":
-        attn = "flex_attention" if torch.device(device).type == "cuda" else "sdpa"
+        cuda = torch.device(device).type == "cuda"
+        attn = (attention.NAME if attention.varlen_available() else "flex_attention") if cuda else "sdpa"
+    if attn == attention.NAME:
+        attention.register()
     if attn == "flex_attention":
         # Packed lengths vary per micro-batch and grad mode differs between the value pass and
         # training: allow those few variants before dynamo gives up on compiling flex attention.

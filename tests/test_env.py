@@ -150,10 +150,10 @@ def test_eval_with_a_missing_task_is_a_clear_error(tmp_path):
     assert "Traceback" not in run.stderr
 
 
-def test_eval_of_a_single_file_solution_says_not_supported():
+def test_eval_of_a_single_file_without_load_inline_is_a_usage_error():
     run = run_eval("--task", str(RELU / "model.py"), "--solution", str(RELU / "model_new.py"))
     assert run.returncode == 2
-    assert "not yet supported" in run.stderr
+    assert "load_inline" in run.stderr
 
 
 @needs_compiler

@@ -73,15 +73,41 @@ async def test_final_evaluator_gives_a_dynamic_cheat_minus_one(tmp_path):
     assert not result.verdict.ok
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug (H200, 2026-11-22): through the GPU queue the 1.6e9-element ReLU task is judged "
-    "PROBLEM_SHRINKING (input fingerprints differ); the same workspace passes verify_workspace's "
-    "direct run in test_verify_gpu, and l1_47_sum_dim passes through the queue with the sandbox on and off",
-)
 async def test_large_task_verifies_through_the_queue(tmp_path):
+    """Once judged PROBLEM_SHRINKING: the sandbox's 4 GiB RLIMIT_FSIZE broke the 6.4 GB output
+    blob; CUDA outputs now travel by IPC (rewards.verify_wire.CudaShare)."""
     ws, task = make_workspace(LARGE, tmp_path), task_of(LARGE)
     async with open_kernel_env(env_config(tmp_path)) as env:
         assert (await env.compile(ws, task)).ok
         verified = await env.verify(ws, task)
     assert verified.ok, verified.message
+
+
+INLINE = REPO / "tests" / "fixtures" / "inline"
+RELU_TASK = REPO / "tests" / "fixtures" / "build" / "relu"
+
+
+def single_file_workspace(fixture: Path, root: Path) -> Path:
+    ws = root / fixture.stem
+    ws.mkdir()
+    shutil.copy(fixture, ws / "model_new.py")
+    return ws
+
+
+async def test_single_file_load_inline_solution_passes_and_is_timed(tmp_path):
+    ws, task = single_file_workspace(INLINE / "relu_honest.py", tmp_path), task_of(RELU_TASK)
+    async with open_kernel_env(env_config(tmp_path)) as env:
+        result = await FinalEvaluator(env).evaluate(ws, task)
+    assert result.verdict.ok, result.verdict.message
+    assert result.candidate is not None and result.eager is not None
+    assert result.reward > -1
+
+
+@pytest.mark.parametrize("cheat, category", [("relu_echo_input", None), ("relu_torch_in_wrapper", "torch_compute")])
+async def test_single_file_cheats_get_minus_one(tmp_path, cheat, category):
+    ws, task = single_file_workspace(INLINE / f"{cheat}.py", tmp_path), task_of(RELU_TASK)
+    async with open_kernel_env(env_config(tmp_path)) as env:
+        result = await FinalEvaluator(env).evaluate(ws, task)
+    assert result.reward == -1 and not result.verdict.ok, result.verdict
+    if category is not None:
+        assert result.verdict.hack.value == category

@@ -134,7 +134,8 @@ def test_cuda_actor_uses_flex_attention_and_packed_rows_equal_separate_rows():
     from rl.packing import collate
     from rl.samples import Sample
 
-    actor = build_actor(ModelConfig(hf_config=TINY, logprob_chunk_tokens=8), "cuda")
+    cfg = ModelConfig(hf_config=TINY, attn_implementation="flex_attention", logprob_chunk_tokens=8)
+    actor = build_actor(cfg, "cuda")
     assert hf_model(actor).config._attn_implementation == "flex_attention"
     g = torch.Generator().manual_seed(0)
     samples = [
@@ -149,3 +150,73 @@ def test_cuda_actor_uses_flex_attention_and_packed_rows_equal_separate_rows():
             one = collate(samples, [i]).to("cuda")
             alone, _ = actor(one.input_ids, one.position_ids, one.targets)
             torch.testing.assert_close(got, alone[0], atol=1e-4, rtol=0)
+
+
+@pytest.mark.gpu
+def test_cuda_compiled_head_stats_equal_eager_values_and_gradients():
+    """The fused (compiled) log-softmax / entropy over LM-head chunks matches the eager ops."""
+    from rl.models import _compiled_stats, _logit_stats
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for rows in (64, 64, 23):  # a second static call, then a shorter last chunk (dynamic)
+        logits = torch.randn(rows, 5000, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
+        targets = torch.randint(0, 5000, (rows,), device="cuda", generator=g)
+        want, got = _logit_stats(logits, targets), _compiled_stats()(logits, targets)
+        grad_want = torch.autograd.grad(want[0].sum() + 0.1 * want[1].sum(), logits)[0]
+        grad_got = torch.autograd.grad(got[0].sum() + 0.1 * got[1].sum(), logits)[0]
+        for w, o in zip(want, got):
+            assert o.dtype == torch.float32
+            torch.testing.assert_close(o, w, atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(grad_got.float(), grad_want.float(), atol=1e-3, rtol=1e-2)
+
+
+def _packed_samples(lengths, vocab=32, seed=0):
+    from rl.samples import Sample
+
+    g = torch.Generator().manual_seed(seed)
+    return [
+        Sample(sample_id=str(i), group_id="g", token_ids=torch.randint(0, vocab, (n,), generator=g).tolist(),
+               action_mask=[0] + [1] * (n - 1), behaviour_logprobs=[0.0] * n, reward=0.0, weight_version=0)
+        for i, n in enumerate(lengths)
+    ]  # fmt: skip
+
+
+def test_varlen_attention_on_a_packed_row_equals_packed_sdpa_values_and_gradients():
+    """The "varlen" attention plumbing (cu_seq_lens through the HF forward, no mask) gives the
+    same log-probs, values and gradients as transformers' own packed sdpa path."""
+    from rl.packing import collate
+
+    samples = _packed_samples((9, 3, 14, 6))
+    packed = collate(samples, range(4))
+    results = []
+    for attn in ("sdpa", "varlen"):
+        cfg = ModelConfig(hf_config=TINY, attn_implementation=attn, logprob_chunk_tokens=8)
+        actor, critic = build_actor(cfg, "cpu"), build_critic(cfg, "cpu")
+        lp, ent = actor(packed.input_ids, packed.position_ids, packed.targets)
+        values = critic(packed.input_ids, packed.position_ids)
+        (lp.sum() + values.sum()).backward()
+        grad = next(hf_model(actor).model.layers[0].self_attn.q_proj.parameters()).grad
+        results.append((lp, ent, values, grad))
+    for want, got in zip(*results):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_cuda_varlen_packed_rows_equal_separate_rows():
+    from rl.attention import varlen_available
+    from rl.packing import collate
+
+    if not varlen_available():
+        pytest.skip("this torch has no varlen_attn")
+    cfg = ModelConfig(hf_config={**TINY, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2},
+                      logprob_chunk_tokens=8, param_dtype="bfloat16")  # fmt: skip
+    actor = build_actor(cfg, "cuda")
+    assert hf_model(actor).config._attn_implementation == "varlen"
+    samples = _packed_samples((37, 5, 90, 18))
+    packed = collate(samples, range(4)).to("cuda")
+    with torch.no_grad():
+        lp, _ = actor(packed.input_ids, packed.position_ids, packed.targets)
+        for i, got in enumerate(packed.split(lp)):
+            one = collate(samples, [i]).to("cuda")
+            alone, _ = actor(one.input_ids, one.position_ids, one.targets)
+            torch.testing.assert_close(got, alone[0], atol=2e-2, rtol=0)

@@ -12,6 +12,7 @@ streams, profiler attribution, the fixture corpus) is in test_verify_gpu.py.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -387,3 +388,24 @@ def test_dynamic_cheat_names_its_category_and_static_outcome(workspace):
     assert H(meta["category"]) and meta["description"]
     findings = check_workspace(workspace, reference=(workspace / "model.py").read_text())
     assert any(f.blocking for f in findings) == meta["static"], [str(f) for f in findings]
+
+
+# --- the file-size limit of sandboxed workers (the 6.4 GB ReLU bug) ----------------------------
+
+
+def test_outputs_past_the_file_size_limit_are_a_transfer_failure_not_problem_shrinking(tmp_path):
+    """A sandboxed worker's RLIMIT_FSIZE (4 GiB) once met a 6.4 GB output blob: the child's report
+    carried no input fingerprints and the judge called it PROBLEM_SHRINKING. Here a 4 KiB limit
+    meets an 8 KiB output. (On CUDA the outputs now travel by IPC, not by file.)"""
+    wrapper = tmp_path / "python-fsize"
+    wrapper.write_text(f"#!/bin/sh\nulimit -f 4\nexec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    cand = tmp_path / "cand"
+    cand.mkdir()
+    (cand / "model_new.py").write_text(candidate(f"return {LINEAR}"))
+    request = VerifyRequest(task_source=TASK, device="cpu", seed=7, candidate_dir=str(cand),
+                            config=VerifyConfig(allow_torch_compute=True))
+    with CandidateProcess(tmp_path, python=str(wrapper)) as process:
+        verdict = run_verification(request, work_dir=tmp_path, process=process)
+    assert verdict.status is S.RUNTIME_ERROR, verdict
+    assert "could not transfer the outputs" in verdict.message

@@ -1,0 +1,183 @@
+"""`cuda-agent bench --suite kernelbench`: benchmark a model, or replay a solution set, on KernelBench.
+
+    cuda-agent bench --suite kernelbench --levels 1,2,3 --engine local --model HF_DIR --out runs/b
+    cuda-agent bench --suite kernelbench --engine sglang --url http://h:30000 --tokenizer HF_DIR
+    cuda-agent bench --suite kernelbench --replay rl/demos --wrappers --out runs/replay
+    cuda-agent bench --write-wrappers DIR [--levels 1,2,3]
+    cuda-agent bench --watch RUN_DIR [...]            (bench.kernelbench.watch)
+
+Writes OUT/records.jsonl (one line per problem; a rerun resumes), OUT/trajectories.jsonl, the
+resolved config, and the report (`bench.kernelbench.report.write_report`); prints one line per
+problem (verdict, hack category, speedups) and the summary. Level 4 is skipped with a message:
+its Models load HuggingFace hub weights. `--replay PATH` (repeatable; implies `--engine replay`)
+takes our workspaces or KernelBench single-file solutions (`level1/19_ReLU.py`); `--wrappers`
+adds generated reference wrappers for every problem no earlier set covers (all must be rejected).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import signal
+import sys
+from collections import Counter
+from pathlib import Path
+
+import anyio
+
+from agentcore import runtime
+from bench.records import ProblemRecord
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cuda-agent bench", description=__doc__.split("\n")[0])
+    p.add_argument("--suite", choices=["kernelbench"], default="kernelbench")
+    p.add_argument("--problems", default="", help="problems.jsonl (default: $KERNELBENCH_PROBLEMS, shared/)")
+    p.add_argument("--levels", default="1,2,3", help="KernelBench levels (4 is skipped: hub weights)")
+    p.add_argument("--problem-ids", default="", help="only these problem ids, e.g. 19,23")
+    p.add_argument("--engine", choices=["local", "sglang", "replay"], help="default: replay with --replay, else local")
+    p.add_argument("--model", default="", help="HF model directory (local engine; default tokenizer)")
+    p.add_argument("--url", action="append", default=[], help="SGLang server URL (repeatable)")
+    p.add_argument("--tokenizer", default="", help="tokenizer directory (default: --model)")
+    p.add_argument("--family", default="hermes", help="tool-call format: hermes, qwen3_coder")
+    p.add_argument("--replay", action="append", default=[], metavar="PATH", help="solution set to replay (repeatable)")
+    p.add_argument("--wrappers", action="store_true", help="also replay generated reference wrappers")
+    p.add_argument("--no-replay-checks", action="store_true",
+                   help="replayed trajectories only compile (the final evaluation still verifies and times)")
+    p.add_argument("--write-wrappers", metavar="DIR", help="only write the wrapper workspaces to DIR and exit")
+    p.add_argument("--out", default="runs/bench", help="output directory (a rerun resumes)")
+    p.add_argument("--max-turns", type=int, default=200)
+    p.add_argument("--samples", type=int, default=1, help="trajectories per problem (the best is recorded)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=8192)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint-step", type=int, default=None)
+    p.add_argument("--concurrency", type=int, default=256, help="trajectories in flight")
+    p.add_argument("--gpus", default="", help="verification GPUs, e.g. 0,1 (default: all)")
+    p.add_argument("--engine-device", default="auto", help="local engine device: auto, cuda:0, cpu")
+    p.add_argument("--env", choices=["real", "fake"], default="real", help="fake: CPU plumbing check only")
+    p.add_argument("--allow-unsandboxed", action="store_true", help="run bash without bwrap")
+    p.add_argument("--keep-workspaces", action="store_true")
+    p.add_argument("--no-report", action="store_true", help="skip report.md and the plots")
+    p.add_argument("--watch", metavar="RUN_DIR", help="benchmark a training run's checkpoints as they appear")
+    return p
+
+
+def to_config(a: argparse.Namespace):
+    from bench.kernelbench.problems import parse_levels
+    from bench.kernelbench.run import BenchConfig
+
+    engine = a.engine or ("replay" if a.replay or a.wrappers else "local")
+    return BenchConfig(
+        problems_path=a.problems, levels=parse_levels(a.levels), problem_ids=_ints(a.problem_ids), engine=engine,
+        model_path=a.model, urls=tuple(a.url), tokenizer=a.tokenizer, family=a.family,
+        replay_paths=tuple(a.replay), replay_wrappers=a.wrappers, replay_checks=not a.no_replay_checks,
+        out_dir=a.out, max_turns=a.max_turns, samples=a.samples, temperature=a.temperature, top_p=a.top_p,
+        max_new_tokens=a.max_new_tokens, seed=a.seed, checkpoint_step=a.checkpoint_step,
+        concurrency=a.concurrency, gpus=_ints(a.gpus), engine_device=a.engine_device, env=a.env,
+        allow_unsandboxed=a.allow_unsandboxed, keep_workspaces=a.keep_workspaces,
+    )
+
+
+def _check(p: argparse.ArgumentParser, config) -> None:
+    if config.engine == "replay" and not (config.replay_paths or config.replay_wrappers):
+        p.error("--engine replay needs --replay PATH or --wrappers")
+    if config.engine == "local" and not config.model_path:
+        p.error("--engine local needs --model HF_DIR")
+    if config.engine == "sglang" and not config.urls:
+        p.error("--engine sglang needs --url")
+    if config.engine == "sglang" and not (config.tokenizer or config.model_path):
+        p.error("--engine sglang needs --tokenizer (the servers run with --skip-tokenizer-init)")
+
+
+def _fmt(x: float | None, unit: str = "x") -> str:
+    return "-" if x is None else f"{x:.2f}{unit}"
+
+
+def print_table(records: list[ProblemRecord], out=None) -> None:
+    """One line per problem, then counts: the plain table (the report has the full one)."""
+    out = out or sys.stdout
+    for r in records:
+        verdict = r.status or r.outcome
+        print(f"L{r.level} {r.name:<48.48} {verdict:<14} {r.hack or '-':<22} "
+              f"eager {_fmt(r.speedup_vs_eager)} compile {_fmt(r.speedup_vs_compile)}", file=out)
+    counts = Counter(r.outcome for r in records)
+    correct = sum(r.correct and not r.hack for r in records)
+    hacks = Counter(r.hack for r in records if r.hack)
+    print(f"\n{len(records)} problems: {dict(counts)}; correct {correct}; hacks {dict(hacks)}", file=out)
+
+
+def report(out_dir: str, records: list[ProblemRecord]) -> str | None:
+    """The single call site of the report: bench.kernelbench.report.write_report if present."""
+    try:
+        write_report = importlib.import_module("bench.kernelbench.report").write_report
+    except (ImportError, AttributeError):
+        return None
+    return str(write_report(out_dir, records))
+
+
+async def _run(config) -> list[ProblemRecord] | None:
+    """run_benchmark until it ends (its records) or SIGINT/SIGTERM stops it (None)."""
+    from bench.kernelbench.run import run_benchmark
+
+    records: list[ProblemRecord] | None = None
+    async with anyio.create_task_group() as tg:
+        async def stop_on_signal() -> None:
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for signum in signals:
+                    print(f"\ncuda-agent bench: {signal.Signals(signum).name}, stopping", file=sys.stderr)
+                    tg.cancel_scope.cancel()
+                    return
+
+        tg.start_soon(stop_on_signal)
+        records = await run_benchmark(config)
+        tg.cancel_scope.cancel()
+    return records
+
+
+def main(argv: list[str]) -> int:
+    if "--watch" in argv:
+        from bench.kernelbench.watch import main_watch
+
+        return main_watch(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    p = build_parser()
+    a = p.parse_args(argv)
+    try:
+        config = to_config(a)
+    except ValueError as exc:
+        p.error(str(exc))
+    if a.write_wrappers:
+        return _write_wrappers(config, Path(a.write_wrappers))
+    _check(p, config)
+    try:
+        records = runtime.run(_run, config)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"cuda-agent bench: {exc}", file=sys.stderr)
+        return 2
+    if records is None:
+        print(f"cuda-agent bench: stopped; finished problems are in {config.out_dir}/records.jsonl, "
+              "the same command resumes", file=sys.stderr)
+        return 130
+    print_table(records)
+    if not a.no_report and records and (path := report(config.out_dir, records)):
+        print(f"report: {path}")
+    errors = sum(r.outcome == "error" for r in records)
+    return 1 if records and errors == len(records) else 0
+
+
+def _write_wrappers(config, root: Path) -> int:
+    from bench.kernelbench.problems import default_problems_path, load_problems
+    from bench.kernelbench.wrappers import write_wrappers
+
+    selection = load_problems(config.problems_path or default_problems_path(), config.levels, config.problem_ids)
+    paths = write_wrappers(selection.problems, root)
+    print(f"wrote {len(paths)} wrapper workspaces to {root}")
+    return 0

@@ -1,0 +1,278 @@
+"""The report of a KernelBench run: Markdown in the paper's layout, PNG plots, summary.json.
+
+What it is: `write_report(out_dir, records)` writes `out_dir/report.md` (our rows beside the
+paper's published ones, fast_p, outcomes, hacks by category, verdict statuses, the per-problem
+table, infrastructure errors), `summary.json` (every number of the report, from
+`bench.kernelbench.metrics.summarize`) and three PNGs drawn on matplotlib's Agg canvas:
+`speedup_distribution.png`, `fast_p.png`, `levels.png`. What it is not: the metrics (they are
+computed in `bench.kernelbench.metrics`, from the records alone) or the runner, which calls
+`write_report` at the end of a run.
+
+Example:
+    path = write_report(out_dir, read_records(out_dir / "records.jsonl"))   # -> out_dir/report.md
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import msgspec
+
+from bench.kernelbench.metrics import FAST_P_SHOWN, LevelMetrics, Summary, summarize
+from bench.kernelbench.paper import PAPER_ROWS, SOURCE, PaperRow
+from bench.records import ProblemRecord
+
+REPORT_FILE = "report.md"
+SUMMARY_FILE = "summary.json"
+PLOTS = ("speedup_distribution.png", "fast_p.png", "levels.png")
+_HEADER = "| | pass | faster than eager | faster than compile | speedup vs eager | vs compile | problems |"
+
+
+def write_report(out_dir: str | Path, records: Sequence[ProblemRecord], *, faster_margin: float = 0.0) -> Path:
+    """Write report.md, summary.json and the PNGs into `out_dir`; returns the report's path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summaries = summarize(records, faster_margin=faster_margin)
+    summary = {
+        "records": len(records),
+        "faster_margin": faster_margin,
+        "paper_source": SOURCE,
+        "paper": [msgspec.to_builtins(r) for r in PAPER_ROWS],
+        "summaries": [msgspec.to_builtins(s) for s in summaries],
+    }
+    (out_dir / SUMMARY_FILE).write_bytes(msgspec.json.format(msgspec.json.encode(summary), indent=1))
+    plots = draw_plots(out_dir, records, summaries)
+    path = out_dir / REPORT_FILE
+    path.write_text(markdown(records, summaries, [p.name for p in plots], faster_margin))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Markdown
+
+
+def markdown(records: Sequence[ProblemRecord], summaries: list[Summary], plots: list[str], margin: float) -> str:
+    parts = [
+        "# KernelBench report\n",
+        (f"{len(records)} records in {len(summaries)} group(s). Every number is recomputed from the "
+         "per-problem records (`records.jsonl`) by `bench.kernelbench.metrics`.\n"),
+        _definitions(margin),
+        "## Results beside the paper\n",
+        results_table(summaries),
+        f"Paper rows: {SOURCE}; measured on the paper's hardware and evaluator, not ours.\n",
+        "## fast_p (share of problems correct with speedup > p)\n",
+        _fast_p_table(summaries),
+        "## Outcomes\n",
+        _outcome_table(summaries),
+        "## Hacks detected, by category\n",
+        _hack_table(summaries),
+        "## Verdict statuses of the scored problems\n",
+        _status_table(summaries),
+    ]
+    if plots:
+        parts.append("## Plots\n")
+        parts.append("".join(f"![{name}]({name})\n" for name in plots))
+    parts.append("## Per-problem results\n")
+    parts.append(_problem_table(records, len(summaries) > 1))
+    errors = [r for r in records if r.outcome in ("error", "skipped")]
+    if errors:
+        parts.append("## Infrastructure errors and skipped problems (excluded from the rates)\n")
+        parts.append(_error_table(errors))
+    return "\n".join(parts)
+
+
+def _definitions(margin: float) -> str:
+    rule = "speedup > 1" if margin == 0 else f"speedup > {1 + margin:.4g}"
+    return (
+        "Definitions: a problem counts when it was scored or produced no candidate (no candidate = "
+        "not correct); infrastructure errors and skipped problems are excluded and listed apart. "
+        f"Correct = passed the final evaluation with no hack flagged; faster = correct and {rule}; "
+        "speedups are geometric means over the correct problems that were timed; overall pools all "
+        "levels (levels weighted by problem count).\n"
+    )
+
+
+def results_table(summaries: list[Summary]) -> str:
+    lines = [_HEADER, "|---|---|---|---|---|---|---|"]
+    lines += [_paper_line(row) for row in PAPER_ROWS]
+    for s in summaries:
+        lines.append(_our_line(f"**{s.label}** overall", s.overall))
+        lines += [_our_line(f"{s.label} L{level}", m) for level, m in s.levels.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _paper_line(row: PaperRow) -> str:
+    n = {None: 250, 1: 100, 2: 100, 3: 50}.get(row.level, "")
+    return (f"| {row.label} | {pct(row.pass_rate)} | {pct(row.faster_than_eager_rate)} | "
+            f"{pct(row.faster_than_compile_rate)} | {speed(row.speedup_vs_eager)} | "
+            f"{speed(row.speedup_vs_compile)} | {n} |")
+
+
+def _our_line(label: str, m: LevelMetrics) -> str:
+    return (f"| {label} | {pct(m.pass_rate)} | {pct(m.faster_than_eager_rate)} | "
+            f"{pct(m.faster_than_compile_rate)} | {speed(m.geomean_speedup_vs_eager)} | "
+            f"{speed(m.geomean_speedup_vs_compile)} | {m.problems} |")
+
+
+def _fast_p_table(summaries: list[Summary]) -> str:
+    head = "| | baseline | " + " | ".join(f"fast_{p:g}" for p in FAST_P_SHOWN) + " |"
+    lines = [head, "|---|---|" + "---|" * len(FAST_P_SHOWN)]
+    for s in summaries:
+        for name, m in [("overall", s.overall)] + [(f"L{k}", v) for k, v in s.levels.items()]:
+            for baseline in ("eager", "compile"):
+                values = " | ".join(pct(m.fast_p.at(p, baseline)) for p in FAST_P_SHOWN)
+                lines.append(f"| {s.label} {name} | {baseline} | {values} |")
+    return "\n".join(lines) + "\n"
+
+
+def _outcome_table(summaries: list[Summary]) -> str:
+    lines = ["| | counted | correct | no candidate | errors (excluded) | skipped |", "|---|---|---|---|---|---|"]
+    for s in summaries:
+        for name, m in [("overall", s.overall)] + [(f"L{k}", v) for k, v in s.levels.items()]:
+            lines.append(f"| {s.label} {name} | {m.problems} | {m.correct} | {m.no_candidate} | "
+                         f"{m.errors} | {m.skipped} |")
+    return "\n".join(lines) + "\n"
+
+
+def _hack_table(summaries: list[Summary]) -> str:
+    lines = []
+    for s in summaries:
+        if not s.overall.hacks:
+            lines.append(f"{s.label}: none.\n")
+            continue
+        levels = list(s.levels)
+        lines.append(f"{s.label}:\n")
+        lines.append("| category | " + " | ".join(f"L{k}" for k in levels) + " | total |")
+        lines.append("|---|" + "---|" * (len(levels) + 1))
+        for category, total in sorted(s.overall.hacks.items(), key=lambda kv: (-kv[1], kv[0])):
+            per = " | ".join(str(s.levels[k].hacks.get(category, 0)) for k in levels)
+            lines.append(f"| {category} | {per} | {total} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _status_table(summaries: list[Summary]) -> str:
+    lines = ["| | status | count |", "|---|---|---|"]
+    for s in summaries:
+        lines += [f"| {s.label} | {status} | {n} |" for status, n in s.overall.statuses.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _problem_table(records: Sequence[ProblemRecord], with_source: bool) -> str:
+    head = "| level | problem | outcome | correct | verdict | hack | eager ms | compile ms | ours ms | vs eager | vs compile | turns |"
+    lines = [("| source " if with_source else "") + head, ("|---" if with_source else "") + "|---" * 12 + "|"]
+    for r in sorted(records, key=lambda r: (r.checkpoint_step or 0, r.source, r.level, r.problem_id)):
+        cells = [str(r.level), r.name, r.outcome, "yes" if r.correct and r.hack is None else "no",
+                 r.status or "-", r.hack or "-", ms(r.eager_ms), ms(r.compile_ms), ms(r.candidate_ms),
+                 speed(r.speedup_vs_eager), speed(r.speedup_vs_compile), str(r.turns)]
+        if with_source:
+            cells.insert(0, r.source if r.checkpoint_step is None else f"{r.source} @ {r.checkpoint_step}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _error_table(records: Sequence[ProblemRecord]) -> str:
+    lines = ["| level | problem | outcome | message |", "|---|---|---|---|"]
+    for r in sorted(records, key=lambda r: (r.level, r.problem_id)):
+        text = (r.error or r.message or "").replace("|", "\\|").replace("\n", " ")[:200]
+        lines.append(f"| {r.level} | {r.name} | {r.outcome} | {text} |")
+    return "\n".join(lines) + "\n"
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def speed(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4g}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots
+
+
+def draw_plots(out_dir: Path, records: Sequence[ProblemRecord], summaries: list[Summary]) -> list[Path]:
+    """The three PNGs; each is written even with no data (an empty axes says so)."""
+    from matplotlib.figure import Figure  # Agg canvas on save, no pyplot state
+
+    written = []
+    for name, draw in zip(PLOTS, (_speedups, _fast_p, _levels)):
+        fig = Figure(figsize=(7, 4))
+        ax = fig.add_subplot(1, 1, 1)
+        draw(ax, records, summaries)
+        ax.grid(alpha=0.3)
+        fig.subplots_adjust(left=0.1, right=0.97, bottom=0.13, top=0.9)
+        path = out_dir / name
+        fig.savefig(path, dpi=100)
+        written.append(path)
+    return written
+
+
+def _speedups(ax, records: Sequence[ProblemRecord], summaries: list[Summary]) -> None:
+    correct = [r for r in records if r.outcome == "scored" and r.correct and r.hack is None]
+    series = {
+        "vs eager": [r.speedup_vs_eager for r in correct if r.speedup_vs_eager],
+        "vs compile": [r.speedup_vs_compile for r in correct if r.speedup_vs_compile],
+    }
+    values = [v for vs in series.values() for v in vs]
+    ax.set_title("Speedup of the correct solutions (log scale)")
+    if not values:
+        ax.text(0.5, 0.5, "no correct, timed solutions", ha="center", transform=ax.transAxes)
+        return
+    lo, hi = math.log10(min(values + [0.5])), math.log10(max(values + [2.0]))
+    bins = [10 ** (lo + (hi - lo) * i / 30) for i in range(31)]
+    for label, vs in series.items():
+        if vs:
+            ax.hist(vs, bins=bins, alpha=0.55, label=f"{label} (n={len(vs)})")
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(base=2))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}x"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.axvline(1.0, color="k", lw=1)
+    ax.set_xlabel("speedup (baseline time / ours)")
+    ax.set_ylabel("problems")
+    ax.legend(fontsize="small")
+
+
+def _fast_p(ax, records: Sequence[ProblemRecord], summaries: list[Summary]) -> None:
+    ax.set_title("fast_p: share correct with speedup > p")
+    for s in summaries:
+        fp = s.overall.fast_p
+        ax.plot(fp.p, fp.vs_eager, label=f"{s.label} vs eager")
+        ax.plot(fp.p, fp.vs_compile, ls="--", label=f"{s.label} vs compile")
+    ax.axvline(1.0, color="k", lw=1)
+    ax.set_xlabel("p")
+    ax.set_ylabel("fast_p")
+    ax.set_ylim(0, 1.02)
+    if summaries:
+        ax.legend(fontsize="x-small")
+
+
+def _levels(ax, records: Sequence[ProblemRecord], summaries: list[Summary]) -> None:
+    """Our per-level rates (last group) as bars; the paper's CUDA Agent per level as markers."""
+    ax.set_title("Per level: ours (bars) vs CUDA Agent paper (markers)")
+    names = ("pass_rate", "faster_than_eager_rate", "faster_than_compile_rate")
+    paper = {row.level: row for row in PAPER_ROWS if row.model == "CUDA Agent" and row.level}
+    levels = sorted(summaries[-1].levels) if summaries else sorted(paper)
+    width = 0.27
+    for i, name in enumerate(names):
+        xs = [k + (i - 1) * width for k in levels]
+        if summaries:
+            ours = [getattr(summaries[-1].levels[k], name) or 0.0 for k in levels]
+            ax.bar(xs, ours, width=width, label=name.removesuffix("_rate").replace("_", " "))
+        marks = [(x, getattr(paper[k], name)) for x, k in zip(xs, levels) if k in paper]
+        if marks:
+            ax.plot(*zip(*marks), "k_", ms=14, mew=2)
+    ax.set_xticks(levels, [f"L{k}" for k in levels])
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("share of problems")
+    if summaries:
+        ax.legend(fontsize="small", loc="lower left")

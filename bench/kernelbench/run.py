@@ -1,0 +1,406 @@
+"""`run_benchmark(config)`: the agent (or a replayed solution set) on KernelBench, one record per
+problem in `OUT/records.jsonl`.
+
+    problems.jsonl ─► selection (levels; level 4 skipped) ─► not yet in records.jsonl
+        │
+        ▼  orchestrator (agentcore): one WorkItem per problem, `samples` trajectories each
+           engine: local (embedded HF model) | sglang (servers, sticky router) | replay (scripted)
+           tools: real workspace + sandbox + kernel env (compile pool, GPU queue)
+           scorer: BestCandidateScorer -> FinalEvaluator on the best profiled candidate
+        │
+        ▼  group of trajectories ─► ProblemRecord (append + fsync) ─► records.jsonl
+                          └──────► trajectories.jsonl (agentcore.store)
+
+What it is: the runner behind `cuda-agent bench` and the checkpoint watcher. Resumable: a rerun
+with the same `out_dir` (and `checkpoint_step`) skips problems that have a record, rebuilds the
+records of trajectories that were stored before a kill, and redoes only the rest. Sampling is
+fixed (BenchConfig); each trajectory's seed is derived from (seed, level, problem, sample) and
+recorded. What it is not: the metrics or the report (`bench.kernelbench.metrics`, `.report`).
+
+Example:
+    records = await run_benchmark(BenchConfig(engine="replay", replay_paths=("rl/demos",), out_dir="runs/b"))
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+import zlib
+from collections import defaultdict
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Literal
+
+import anyio
+import msgspec
+import orjson
+from msgspec import Struct
+
+from agentcore.chat import ChatRenderer
+from agentcore.engine import Engine
+from agentcore.kernel_env import FakeKernelEnv, KernelEnv
+from agentcore.orchestrator import Orchestrator, OrchestratorConfig, Resources, WorkItem
+from agentcore.progress import show_progress
+from agentcore.rollout import RolloutConfig, RolloutRunner
+from agentcore.sandbox import Sandbox, SandboxConfig
+from agentcore.session import WorkspaceTools
+from agentcore.store import TrajectoryStore
+from agentcore.tiny_tokenizer import build_tiny_tokenizer, load_tokenizer
+from agentcore.toolparse import tool_schemas
+from agentcore.types import Status, Trajectory, TrajectoryGroup
+from bench.kernelbench.candidates import BestCandidateScorer, CandidateTools, EnvEvaluator, Evaluator
+from bench.kernelbench.problems import Problem, default_problems_path, load_problems
+from bench.kernelbench.replay import Solution, find_solutions, group_of, replay_engine
+from bench.kernelbench.wrappers import write_wrappers
+from bench.records import ProblemRecord, append_record, read_records
+
+log = logging.getLogger("cuda-agent.bench")
+
+INFRA_STATUSES = (Status.FAILED, Status.ENGINE_ERROR, Status.ABORTED)
+
+
+class BenchConfig(Struct, frozen=True, kw_only=True):
+    """Everything a benchmark run depends on; saved as OUT/config.json (config_step<N>.json)."""
+
+    problems_path: str = ""
+    """KernelBench problems.jsonl; '' means $KERNELBENCH_PROBLEMS or shared/kernelbench/."""
+    levels: tuple[int, ...] = (1, 2, 3)
+    """Levels to run; 4 is reported as skipped (hub weights)."""
+    problem_ids: tuple[int, ...] = ()
+    """Only these problem ids within the levels; empty: all."""
+    engine: Literal["local", "sglang", "replay"] = "local"
+    """local: the embedded engine on `model_path`; sglang: servers at `urls`; replay: solutions."""
+    model_path: str = ""
+    """HF model directory (local engine; also the default tokenizer)."""
+    urls: tuple[str, ...] = ()
+    """SGLang server URLs (sglang engine), routed stickily per trajectory."""
+    tokenizer: str = ""
+    """Tokenizer directory; '' means model_path, or the built-in tiny one for replay."""
+    family: str = "hermes"
+    """Tool-call format: hermes, qwen3_coder."""
+    replay_paths: tuple[str, ...] = ()
+    """Solution sets to replay (workspaces or single-file solutions); the first holding a problem wins."""
+    replay_wrappers: bool = False
+    """Also replay generated reference wrappers (after replay_paths), for every selected problem."""
+    replay_checks: bool = True
+    """Replayed trajectories call verify and profile too (else compile only; the final evaluation
+    still verifies and times, at half the GPU time)."""
+    out_dir: str = "runs/bench"
+    """records.jsonl, trajectories.jsonl, config; shared by checkpoints (records carry the step)."""
+    max_turns: int = 200
+    """Turn limit (200 in the paper's evaluation)."""
+    max_context_tokens: int = 131072
+    """Context budget of a trajectory."""
+    samples: int = 1
+    """Trajectories per problem; the record is the best of them."""
+    temperature: float = 1.0
+    """Fixed sampling temperature."""
+    top_p: float = 1.0
+    """Fixed nucleus sampling."""
+    max_new_tokens: int = 8192
+    """Cap on one model turn."""
+    seed: int = 0
+    """Base seed; each trajectory's seed derives from it, the problem and the sample index."""
+    checkpoint_step: int | None = None
+    """Training step of the evaluated checkpoint (None: not from a training run)."""
+    concurrency: int = 256
+    """Trajectories in flight (orchestrator workers and model slots)."""
+    compile_slots: int = 16
+    """Concurrent compile calls."""
+    gpus: tuple[int, ...] = ()
+    """GPUs for verification and profiling; empty: every GPU torch sees."""
+    engine_device: str = "auto"
+    """Device of the local engine: auto, cuda, cuda:1, cpu."""
+    env: Literal["real", "fake"] = "real"
+    """Kernel environment: real (nvcc + GPU queue) or the fake one (CPU plumbing checks only)."""
+    allow_unsandboxed: bool = False
+    """Run the agent's bash without bubblewrap."""
+    keep_workspaces: bool = False
+    """Keep each trajectory's workspace (under OUT/workspaces)."""
+    progress: bool = True
+    """Show the live progress line on stderr."""
+
+
+def seed_of(config: BenchConfig, problem: Problem, sample: int) -> int:
+    """The trajectory's base sampling seed (turn t samples with seed + t)."""
+    return zlib.crc32(f"{config.seed}:{problem.level}:{problem.problem_id}:{sample}".encode()) & 0x3FFFFFFF
+
+
+def group_id(problem: Problem, config: BenchConfig) -> str:
+    step = "final" if config.checkpoint_step is None else f"step{config.checkpoint_step}"
+    return f"{problem.task_id}@{step}"
+
+
+class SeededEngine:
+    """Gives each trajectory its own seed: base seed of (problem, sample) + the runner's turn index."""
+
+    def __init__(self, engine: Engine, seeds: dict[tuple[str, int], int]) -> None:
+        self.engine, self.seeds = engine, seeds
+
+    async def generate(self, input_ids, params, *, session_id: str):
+        group, index = group_of(session_id), int(session_id.rsplit("/", 2)[1])
+        turn = params.seed or 0  # the runner's seed is 0, so this is the turn index
+        params = msgspec.structs.replace(params, seed=self.seeds[(group, index)] + turn)
+        return await self.engine.generate(input_ids, params, session_id=session_id)
+
+
+def _rank(traj: Trajectory) -> tuple[bool, bool, float]:
+    info = traj.reward_info
+    return (traj.status not in INFRA_STATUSES, info.get("status") == "ok", info.get("speedup_vs_compile") or 0.0)
+
+
+def record_of(problem: Problem, trajs: list[Trajectory], config: BenchConfig, source: str) -> ProblemRecord:
+    """The problem's record from its trajectories: the best (correct first, then speedup over compile)."""
+    best = max(trajs, key=_rank)
+    info = best.reward_info
+    common = dict(level=problem.level, problem_id=problem.problem_id, name=problem.name, source=source,
+                  trajectory_id=best.trajectory_id, seed=seed_of(config, problem, best.sample_index),
+                  turns=len(best.turns), candidates=int(info.get("candidates") or 0),
+                  checkpoint_step=config.checkpoint_step, wall_s=best.timings.total_s)
+    if best.status in INFRA_STATUSES:
+        return ProblemRecord(**common, outcome="error", error=f"{best.status.value}: {best.error or ''}"[:2000])
+    if info.get("outcome") != "scored":
+        return ProblemRecord(**common, outcome="no_candidate", message="the trajectory left no model_new.py")
+    num = lambda k: float(info[k]) if isinstance(info.get(k), (int, float)) else None
+    return ProblemRecord(
+        **common, outcome="scored", correct=info.get("status") == "ok", status=str(info.get("status") or ""),
+        hack=info.get("hack"), message=str(info.get("message") or "")[:500], eager_ms=num("eager_ms"),
+        compile_ms=num("compile_ms"), candidate_ms=num("candidate_ms"), speedup_vs_eager=num("speedup_vs_eager"),
+        speedup_vs_compile=num("speedup_vs_compile"), reward=num("reward"),
+    )
+
+
+def _bare_record(problem: Problem, config: BenchConfig, source: str, outcome: str, message: str) -> ProblemRecord:
+    return ProblemRecord(level=problem.level, problem_id=problem.problem_id, name=problem.name, source=source,
+                         outcome=outcome, message=message, checkpoint_step=config.checkpoint_step)
+
+
+def source_label(config: BenchConfig) -> str:
+    """ProblemRecord.source of the whole run (the metrics summarise per source and step)."""
+    if config.engine == "replay":
+        return "replay:" + ",".join([*config.replay_paths, *(["wrappers"] if config.replay_wrappers else [])])
+    return config.model_path or ",".join(config.urls)
+
+
+class _Plan(Struct, kw_only=True):
+    """What this run still has to roll out, and the records it can write without rolling out."""
+
+    todo: list[Problem]
+    direct: list[ProblemRecord]
+    selected: set[tuple[int, int]]  # (level, problem_id) of every selected problem
+    solutions: dict[str, Solution] = {}  # group id -> replayed solution
+
+
+def plan(config: BenchConfig, out: Path) -> _Plan:
+    """Select problems, drop those already recorded, match replay solutions (see module doc)."""
+    selection = load_problems(config.problems_path or default_problems_path(), config.levels, config.problem_ids)
+    done = {r.key for r in read_records(out / "records.jsonl")}
+    fresh = lambda p: (p.level, p.problem_id, config.checkpoint_step) not in done
+    source = source_label(config)
+    direct = [_bare_record(p, config, source, "skipped", why) for p, why in selection.skipped if fresh(p)]
+    todo = [p for p in selection.problems if fresh(p)]
+    selected = {(p.level, p.problem_id) for p in [*selection.problems, *(p for p, _ in selection.skipped)]}
+    if config.engine != "replay":
+        return _Plan(todo=todo, direct=direct, selected=selected)
+    found = _replay_set(config, todo, out)
+    covered = [p for p in todo if (p.level, p.problem_id) in found]
+    direct += [_bare_record(p, config, source, "no_candidate", "no solution in the replay set")
+               for p in todo if (p.level, p.problem_id) not in found]
+    solutions = {group_id(p, config): found[(p.level, p.problem_id)] for p in covered}
+    return _Plan(todo=covered, direct=direct, selected=selected, solutions=solutions)
+
+
+def _replay_set(config: BenchConfig, todo: list[Problem], out: Path) -> dict[tuple[int, int], Solution]:
+    """The replay paths' solutions, then wrappers (written to OUT/wrappers) for what they miss."""
+    found = find_solutions([Path(p) for p in config.replay_paths])
+    for why in found.ignored:
+        log.warning("replay: ignored %s", why)
+    solutions = dict(found.solutions)
+    missing = [p for p in todo if (p.level, p.problem_id) not in solutions]
+    if config.replay_wrappers and missing:
+        wrappers = find_solutions(write_wrappers(missing, out / "wrappers"))
+        solutions |= {key: s for key, s in wrappers.solutions.items() if key not in solutions}
+    return solutions
+
+
+def _cut_torn_tail(path: Path) -> None:
+    """Drop bytes after the last newline (a killed append), so the next record starts a clean line."""
+    if path.exists() and (data := path.read_bytes()) and not data.endswith(b"\n"):
+        with path.open("r+b") as f:
+            f.truncate(data.rfind(b"\n") + 1)
+
+
+def _save_config(config: BenchConfig, out: Path) -> None:
+    name = "config.json" if config.checkpoint_step is None else f"config_step{config.checkpoint_step}.json"
+    (out / name).write_bytes(orjson.dumps(msgspec.to_builtins(config), option=orjson.OPT_INDENT_2))
+
+
+def _renderer(config: BenchConfig, out: Path) -> ChatRenderer:
+    path = config.tokenizer or config.model_path
+    if not path:
+        if config.engine != "replay":
+            raise ValueError(f"engine {config.engine!r} needs model_path or tokenizer")
+        path = str(build_tiny_tokenizer(out / "tokenizer"))
+    return ChatRenderer(load_tokenizer(path), tool_schemas(), config.family)
+
+
+async def _open_engine(config: BenchConfig, renderer: ChatRenderer, work: _Plan,
+                       stack: AsyncExitStack) -> tuple[Engine, list]:
+    """The engine, opened in `stack`, and the background tasks it needs (the router's prober)."""
+    if config.engine == "replay":
+        return replay_engine(renderer, work.solutions, checks=config.replay_checks), []
+    if config.engine == "sglang":
+        from agentcore.sglang import Router, SGLangClient, SGLangClientConfig
+
+        if not config.urls:
+            raise ValueError("engine sglang needs urls")
+        clients = [await stack.enter_async_context(SGLangClient(SGLangClientConfig(base_url=u))) for u in config.urls]
+        if len(clients) == 1:
+            return clients[0], []
+        router = Router(clients)
+        return router, [router.run_prober]
+    from rl.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig  # torch only for the local engine
+
+    if not config.model_path:
+        raise ValueError("engine local needs model_path")
+    engine_config = EmbeddedEngineConfig(device=config.engine_device, max_context_tokens=config.max_context_tokens)
+    engine = await anyio.to_thread.run_sync(EmbeddedEngine.from_pretrained, config.model_path, engine_config)
+    return await stack.enter_async_context(engine.running()), []
+
+
+async def _open_env(config: BenchConfig, stack: AsyncExitStack) -> tuple[KernelEnv, Evaluator]:
+    if config.env == "fake":
+        env = FakeKernelEnv()
+        return env, EnvEvaluator(env)
+    from rewards.env import EnvConfig, open_kernel_env
+    from rewards.evaluate import FinalEvaluator
+
+    env = await stack.enter_async_context(open_kernel_env(EnvConfig(gpus=config.gpus)))
+    return env, FinalEvaluator(env)
+
+
+def _orchestrator_config(config: BenchConfig) -> OrchestratorConfig:
+    gpu_slots = len(config.gpus) or 8  # the GPU queue has one lane per GPU; more slots just wait there
+    return OrchestratorConfig(workers=config.concurrency, model_slots=config.concurrency,
+                              compile_slots=config.compile_slots, gpu_slots=gpu_slots)
+
+
+def _rollout_config(config: BenchConfig) -> RolloutConfig:
+    if config.engine == "replay":  # a script's turn holds whole files; nothing is sampled
+        return RolloutConfig(max_turns=12, max_context_tokens=config.max_context_tokens,
+                             max_new_tokens=config.max_context_tokens // 2, seed=0)
+    return RolloutConfig(max_turns=config.max_turns, max_context_tokens=config.max_context_tokens,
+                         max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                         top_p=config.top_p, seed=0)
+
+
+class _Recorder:
+    """Turns finished groups into records (append + fsync), once per problem."""
+
+    def __init__(self, config: BenchConfig, out: Path, work: _Plan, problems: dict[str, Problem]) -> None:
+        self.config, self.path, self.work, self.problems = config, out / "records.jsonl", work, problems
+        self.written: set[str] = set()
+
+    def group(self, gid: str, trajs: list[Trajectory]) -> None:
+        if gid in self.written or gid not in self.problems:
+            return
+        record = record_of(self.problems[gid], trajs, self.config, source_label(self.config))
+        append_record(self.path, record)
+        self.written.add(gid)
+
+    def recover(self, stored: list[Trajectory]) -> None:
+        """Records of groups stored complete before a kill, whose record was never written."""
+        groups: dict[str, list[Trajectory]] = defaultdict(list)
+        for traj in stored:
+            groups[traj.group_id].append(traj)
+        for gid, trajs in groups.items():
+            if len({t.sample_index for t in trajs}) >= self.config.samples:
+                self.group(gid, trajs)
+
+
+async def run_benchmark(config: BenchConfig, *, kernel_env: KernelEnv | None = None,
+                        evaluator: Evaluator | None = None) -> list[ProblemRecord]:
+    """Run (or resume) the benchmark; returns this checkpoint's records of the selected problems.
+    `kernel_env` and `evaluator` replace the configured environment (tests fake the GPU edge)."""
+    out = Path(config.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _save_config(config, out)
+    _cut_torn_tail(out / "records.jsonl")
+    work = plan(config, out)
+    for record in work.direct:
+        append_record(out / "records.jsonl", record)
+    skipped = [r for r in work.direct if r.outcome == "skipped"]
+    if skipped:
+        log.warning("%s (%d problems)", skipped[0].message, len(skipped))
+    if work.todo:
+        await _roll_out(config, out, work, kernel_env, evaluator)
+    records = [r for r in read_records(out / "records.jsonl")
+               if r.checkpoint_step == config.checkpoint_step and (r.level, r.problem_id) in work.selected]
+    return sorted(records, key=lambda r: (r.level, r.problem_id))
+
+
+async def _roll_out(config: BenchConfig, out: Path, work: _Plan, kernel_env: KernelEnv | None,
+                    evaluator: Evaluator | None) -> None:
+    renderer = await anyio.to_thread.run_sync(_renderer, config, out)
+    problems = {group_id(p, config): p for p in work.todo}
+    seeds = {(g, i): seed_of(config, p, i) for g, p in problems.items() for i in range(config.samples)}
+    recorder = _Recorder(config, out, work, problems)
+    workspaces = Path(tempfile.mkdtemp(prefix="cuda-agent-ws-")) if not config.keep_workspaces else out / "workspaces"
+    workspaces.mkdir(parents=True, exist_ok=True)
+    workspaces.chmod(0o711)  # the sandbox's unprivileged uid must traverse it
+    try:
+        async with AsyncExitStack() as stack:  # env, engine, store: opened first, closed last
+            if kernel_env is None:
+                kernel_env, default_evaluator = await _open_env(config, stack)
+                evaluator = evaluator or default_evaluator
+            engine, background = await _open_engine(config, renderer, work, stack)
+            store = await stack.enter_async_context(TrajectoryStore(out / "trajectories.jsonl"))
+            recorder.recover(store.existing())
+            items = [WorkItem(task=p.task, group_id=g, samples=config.samples)
+                     for g, p in problems.items() if g not in recorder.written]
+            resources = Resources(_orchestrator_config(config))
+            tools = CandidateTools(WorkspaceTools(root=workspaces, sandbox=Sandbox(SandboxConfig(
+                allow_unsandboxed=config.allow_unsandboxed)), kernel_env=resources.kernel_env(kernel_env),
+                keep_workspaces=config.keep_workspaces))
+            runner = RolloutRunner(engine=SeededEngine(engine, seeds), renderer=renderer, parser=renderer.parser,
+                                   config=_rollout_config(config))
+            orch = Orchestrator(runner=runner, tools=tools, config=_orchestrator_config(config),
+                                resources=resources, store=store,
+                                scorer=BestCandidateScorer(evaluator or EnvEvaluator(kernel_env), tools))
+            started = time.monotonic()
+            await _drive(orch, items, recorder, background, config)
+            _write_run_stats(out / "run_stats.jsonl", time.monotonic() - started, orch, kernel_env)
+    finally:
+        if not config.keep_workspaces:
+            shutil.rmtree(workspaces, ignore_errors=True)
+
+
+def _write_run_stats(path: Path, wall_s: float, orch: Orchestrator, kernel_env: KernelEnv) -> None:
+    """One JSON line per (resumed) run: wall time, orchestrator and GPU-queue statistics (busy
+    fraction per lane), so a report can quote how the machine was used."""
+    queue = getattr(kernel_env, "queue", None)  # rewards.env.RewardsKernelEnv's GpuQueue (None: fake env)
+    row = {"wall_s": round(wall_s, 3), "orchestrator": msgspec.to_builtins(orch.statistics()),
+           "gpu_queue": msgspec.to_builtins(queue.statistics()) if queue is not None else None}
+    with open(path, "ab") as f:
+        f.write(msgspec.json.encode(row) + b"\n")
+
+
+async def _drive(orch: Orchestrator, items: list[WorkItem], recorder: _Recorder, background: list,
+                 config: BenchConfig) -> None:
+    """Run the orchestrator to the end, recording each finished group."""
+    send, recv = anyio.create_memory_object_stream[TrajectoryGroup](16)
+    async with anyio.create_task_group() as tg:
+        for task in background:
+            tg.start_soon(task)
+        if config.progress:
+            tg.start_soon(show_progress, orch.statistics, len(items) * config.samples)
+        tg.start_soon(orch.run, items, send)
+        async with recv:
+            async for group in recv:
+                recorder.group(group.group_id, group.trajectories)
+        tg.cancel_scope.cancel()  # the run is over: stop the progress line and the prober
+
+
+__all__ = ["BenchConfig", "SeededEngine", "group_id", "plan", "record_of", "run_benchmark", "seed_of", "source_label"]
