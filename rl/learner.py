@@ -27,7 +27,7 @@ import torch
 
 from rl import checkpoint
 from rl.config import TrainConfig
-from rl.fsdp import Dist, apply_activation_checkpointing, full_state_items, shard
+from rl.fsdp import Dist, apply_activation_checkpointing, compile_blocks, full_state_items, shard
 from rl.models import build_actor, build_critic, layers
 from rl.packing import balance
 from rl.samples import Sample
@@ -56,6 +56,8 @@ class Learner:
         actor = build_actor(cfg.model, dist.device)
         critic = build_critic(cfg.model, dist.device)
         for module in (actor, critic):
+            if cfg.model.compile_blocks and dist.device.type == "cuda":
+                compile_blocks(layers(module))
             if cfg.model.gradient_checkpointing:
                 apply_activation_checkpointing(module, layers(module))
             shard(module, layers=layers(module), mixed_precision=dist.device.type == "cuda")

@@ -8,6 +8,9 @@
                   less stable than with an exclusive verification GPU);
     node_8gpu   - the paper's layout on one 8-GPU node: learner + colocated engines on GPUs 0-5,
                   verification and profiling exclusive on GPUs 6-7; global batch 1024.
+    node_4gpu,  - the same layout scaled down (what the lent 2- and 4-GPU machines can run):
+    node_2gpu     learner + engines on GPUs 0-2 / 0, verification exclusive on GPU 3 / 1, the
+                  global batch scaled with the learner GPUs; a 0.5B model on two GPUs.
 Each takes no arguments; the command line applies dotted overrides on top
 (`cuda-agent train --recipe single_gpu --set model.path=/models/qwen --set steps.ppo=50`).
 """
@@ -107,9 +110,37 @@ def node_8gpu() -> TrainConfig:
     )
 
 
+def _scaled(name: str, learner_gpus: tuple[int, ...], verify_gpus: tuple[int, ...], size: str) -> TrainConfig:
+    """node_8gpu with fewer GPUs: same roles (colocated learner + engines, exclusive
+    verification), the per-step batch and the concurrency scaled by the learner GPU count."""
+    base, share = node_8gpu(), len(learner_gpus) / 6
+    return msgspec.structs.replace(
+        base,
+        recipe=name,
+        run_dir=f"runs/{name}",
+        model=msgspec.structs.replace(base.model, hf_config=qwen2_config(size)),
+        data=msgspec.structs.replace(base.data, tasks_per_step=max(8, round(128 * share))),
+        layout=LayoutConfig(learner_gpus=learner_gpus, verify_gpus=verify_gpus),
+        orchestrator=OrchestratorConfig(
+            workers=max(64, round(512 * share)), model_slots=max(64, round(384 * share)),
+            compile_slots=16, gpu_slots=len(verify_gpus),
+        ),
+    )
+
+
+def node_4gpu() -> TrainConfig:
+    return _scaled("node_4gpu", (0, 1, 2), (3,), "1.5b")
+
+
+def node_2gpu() -> TrainConfig:
+    return _scaled("node_2gpu", (0,), (1,), "0.5b")
+
+
 RECIPES: dict[str, Callable[[], TrainConfig]] = {
     "smoke": smoke,
     "smoke_cpu": smoke_cpu,
     "single_gpu": single_gpu,
     "node_8gpu": node_8gpu,
+    "node_4gpu": node_4gpu,
+    "node_2gpu": node_2gpu,
 }

@@ -76,3 +76,13 @@ def test_rft_drops_unrewarded_schema_violating_and_looping():
     loop = [_turn(i, (WriteFile(path="a", content="x"),)) for i in range(3)]
     assert is_looping(_traj(1.0, loop)) and rft_rejection(_traj(1.0, loop)) == "looping"
     assert rft_rejection(_traj(1.0, [_turn(0)], Status.TRUNCATED_TURNS)) == "status:truncated_turns"
+
+
+@pytest.mark.parametrize("name", ["node_8gpu", "node_4gpu", "node_2gpu"])
+def test_node_layouts_keep_verification_gpus_exclusive(name):
+    cfg = RECIPES[name]()
+    learner, verify = set(cfg.layout.learner_gpus), set(cfg.layout.verify_gpus)
+    assert learner and verify and not learner & verify
+    assert sorted(learner | verify) == list(range(len(learner | verify)))  # GPUs 0..n-1, none idle
+    assert cfg.orchestrator.gpu_slots == len(verify)
+    assert cfg.recipe == name and cfg.run_dir.endswith(name)
