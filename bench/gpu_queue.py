@@ -4,11 +4,14 @@ and worker restart time, printed as one JSON object.
 What it is: `python -m bench.gpu_queue` starts a `GpuQueue`, keeps it saturated with `--jobs`
 jobs of one kind (default: a CPU `sleep` of 50 ms), then measures a null job's round trip and
 the time to replace a crashed worker. What it is not: a benchmark of the handlers themselves.
+`--real-jobs` hands over to `bench.gpu_queue_real`: real verify and profile jobs over demos of
+`rl/demos/` built through the compile pool (issue 3's per-job time and busy-fraction targets).
 
 How it is used, on a CPU machine and later on GPUs with the real handlers:
 
     python -m bench.gpu_queue --gpus 0,1 --jobs 400
     python -m bench.gpu_queue --gpus 0,1 --fork-per-job --preload torch
+    python -m bench.gpu_queue --real-jobs --gpus 0 --jobs 200 --demo l1_1_matmul_cublas --sandbox
     python -m bench.gpu_queue --gpus 0,1,2,3 --kind verify --handler verify=rewards.verify:handle_job \\
         --payload-file verify.msgpack --files workspace/ --preload torch --sandbox
 
@@ -32,10 +35,16 @@ from rewards.gpu_queue import GpuQueue, GpuQueueConfig
 from rewards.jobs import Job, JobResult, QueueStatistics, SleepArgs, encode
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.gpu_queue", description=__doc__.split("\n")[0])
     p.add_argument("--gpus", default="0,1", help="lane indices; on a CPU machine they are just processes")
-    p.add_argument("--jobs", type=int, default=200, help="jobs in the saturation run")
+    p.add_argument("--jobs", type=_positive, default=200, help="jobs in the saturation run")
     p.add_argument("--concurrency", type=int, default=0, help="submitters at once; 0: 4 per lane")
     p.add_argument("--kind", default="sleep", help="job kind of the saturation run")
     p.add_argument("--payload", default='{"seconds": 0.05}', help="JSON payload, sent as msgpack")
@@ -48,6 +57,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sandbox", action="store_true", help="run the workers inside bubblewrap")
     p.add_argument("--pings", type=int, default=200, help="sequential null jobs for the round trip")
     p.add_argument("--restarts", type=int, default=5, help="watchdog kills for the restart time")
+    real = p.add_argument_group("real jobs", "verify + profile jobs over built demos (bench.gpu_queue_real)")
+    real.add_argument("--real-jobs", action="store_true", help="--jobs verify and --jobs profile jobs; "
+                      "--kind, --payload*, --files, --pings and --restarts do not apply")
+    real.add_argument("--demo", action="append", default=[], help="a demo of rl/demos/ or a directory in "
+                      "its layout (repeatable); default l1_1_matmul_cublas")
+    real.add_argument("--verify-mode", choices=("quick", "final"), default="quick", help="verification mode")
+    real.add_argument("--compile-cache-dir", default="", help="compile pool cache; '' its default")
     return p.parse_args(argv)
 
 
@@ -171,6 +187,10 @@ async def run(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
+    if args.real_jobs:  # imported here: the env, the compile pool and the demos only for this mode
+        from bench.gpu_queue_real import main as real_main
+
+        return real_main(args)
     report = anyio.run(run, args, backend_options={"use_uvloop": True})
     json.dump(report, sys.stdout, indent=2)
     sys.stdout.write("\n")

@@ -51,6 +51,7 @@ from rl.fsdp import (
     apply_activation_checkpointing,
     close_distributed,
     compile_blocks,
+    every_kth,
     init_distributed,
     shard,
 )
@@ -152,7 +153,8 @@ def update_flops(hf_cfg: dict, samples: list[Sample]) -> float:
 
 
 def build(
-    size: str, d: Dist, ac: bool, attn: str, compile_head: bool = True, reshard: bool = True, compile_layers: bool = False
+    size: str, d: Dist, ac: bool, attn: str, compile_head: bool = True, reshard: bool = True, compile_layers: bool = False,
+    ac_every: int = 1,
 ) -> tuple:
     """Actor and critic, sharded, with AdamW; the models are created on the device directly."""
     cfg = ModelConfig(
@@ -165,7 +167,7 @@ def build(
         if compile_layers:
             compile_blocks(layers(module))
         if ac:
-            apply_activation_checkpointing(module, layers(module))
+            apply_activation_checkpointing(module, every_kth(layers(module), ac_every))
         shard(module, layers=layers(module), reshard_after_forward=reshard)
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-6, betas=(0.9, 0.95)) for m in (actor, critic)]
     return actor, critic, *opts, params
@@ -174,7 +176,7 @@ def build(
 def run_one(size: str, tokens: int, args: argparse.Namespace, d: Dist) -> dict:
     """Warm up, then time `args.steps` PPO updates; one result row (global figures)."""
     hf_cfg = model_config(size)
-    actor, critic, actor_opt, critic_opt, params = build(size, d, not args.no_ac, args.attn, not args.no_compile_head, not args.no_reshard, args.compile_blocks)
+    actor, critic, actor_opt, critic_opt, params = build(size, d, not args.no_ac, args.attn, not args.no_compile_head, not args.no_reshard, args.compile_blocks, args.ac_every)
     rng = random.Random(args.seed * 1000 + d.rank)
     cfg = PPOConfig(token_budget=tokens)
     batches = [
@@ -208,6 +210,7 @@ def run_one(size: str, tokens: int, args: argparse.Namespace, d: Dist) -> dict:
         "micro_batches": args.micro_batches,
         "world_size": d.world_size,
         "activation_checkpointing": not args.no_ac,
+        "checkpoint_every": args.ac_every,
         "attn": args.attn,
         "compile_head": not args.no_compile_head,
         "reshard_after_forward": not args.no_reshard,
@@ -284,6 +287,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=3, help="timed updates per configuration")
     p.add_argument("--warmup", type=int, default=2, help="untimed updates first (compilation, allocator)")
     p.add_argument("--no-ac", action="store_true", help="no activation checkpointing")
+    p.add_argument("--ac-every", type=int, default=1, help="checkpoint every k-th decoder layer (1: all)")
     p.add_argument("--no-compile-head", action="store_true", help="eager log-softmax/entropy over the LM head chunks")
     p.add_argument("--compile-blocks", action="store_true", help="torch.compile each decoder block's forward")
     p.add_argument("--no-reshard", action="store_true", help="keep gathered bf16 weights between forward and backward")
@@ -313,9 +317,16 @@ def _line(r: dict) -> str:
     mem = f"{r['peak_mem_gib']:.1f}" if r["peak_mem_gib"] is not None else "-"
     return (
         f"{r['model']:>6} {r['tokens_per_micro_batch']:>9} {r['world_size']:>4} "
-        f"{'on' if r['activation_checkpointing'] else 'off':>3} {r['step_s_median']:>7.3f} "
+        f"{_ac(r):>3} {r['step_s_median']:>7.3f} "
         f"{r['tokens_per_s_per_gpu']:>12.0f} {r['achieved_tflops_per_gpu']:>8.1f} {mfu:>6} {mem:>8}"
     )
+
+
+def _ac(r: dict) -> str:
+    """AC column: on (every layer), 1/k (every k-th layer) or off."""
+    if not r["activation_checkpointing"]:
+        return "off"
+    return "on" if r.get("checkpoint_every", 1) == 1 else f"1/{r['checkpoint_every']}"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -92,6 +92,8 @@ class DataConfig(Struct, frozen=True, kw_only=True):
     """Demonstration tasks driven through the real tools for rejection fine-tuning (smoke)."""
     demo_names: tuple[str, ...] = ()
     """Which bundled demonstrations (directory names in rl/demos); empty = the first `demos`."""
+    collect_tasks: int = 0
+    """Tasks rolled out by one rft/value collection (the first of the step-0 order); 0: all."""
     seed: int = 0
     """Seed of the task order (the data position is the step)."""
 

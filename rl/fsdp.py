@@ -120,6 +120,14 @@ def apply_activation_checkpointing(module: nn.Module, layers: Sequence[nn.Module
     return [w for w in wrappers if id(w._checkpoint_wrapped_module) in targets]
 
 
+def every_kth(layers: Sequence[nn.Module], k: int) -> list[nn.Module]:
+    """The layers to checkpoint when only every k-th one is: layers k-1, 2k-1, ... (k >= 1), so
+    the last layer, whose activations are needed first in backward, is always among them."""
+    if k < 1:
+        raise ValueError(f"checkpoint every k-th layer needs k >= 1, got {k}")
+    return [layer for i, layer in enumerate(layers) if (len(layers) - 1 - i) % k == 0]
+
+
 def compile_blocks(layers: Sequence[nn.Module]) -> None:
     """Compile each decoder block's own `forward` in place (Inductor fuses the norms, rotary,
     SiLU-gating and residual adds that otherwise run as dozens of small kernels per block).

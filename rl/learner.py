@@ -27,7 +27,7 @@ import torch
 
 from rl import checkpoint
 from rl.config import TrainConfig
-from rl.fsdp import Dist, apply_activation_checkpointing, compile_blocks, full_state_items, shard
+from rl.fsdp import Dist, apply_activation_checkpointing, compile_blocks, every_kth, full_state_items, shard
 from rl.models import build_actor, build_critic, layers
 from rl.packing import balance
 from rl.samples import Sample
@@ -59,7 +59,7 @@ class Learner:
             if cfg.model.compile_blocks and dist.device.type == "cuda":
                 compile_blocks(layers(module))
             if cfg.model.gradient_checkpointing:
-                apply_activation_checkpointing(module, layers(module))
+                apply_activation_checkpointing(module, every_kth(layers(module), cfg.model.checkpoint_every))
             shard(module, layers=layers(module), mixed_precision=dist.device.type == "cuda")
         _seed_everything(cfg.seed + 1000 * dist.rank)  # sampling/dropout streams differ per rank
         return cls(cfg, dist, actor, critic)

@@ -144,8 +144,10 @@ class LearnerGroup:
         return answer["metrics"]
 
     async def sync_weights(self) -> dict[str, float]:
-        """Push the actor's weights into every rank's embedded engine; returns timing and the
-        new weight version."""
+        """Push the actor's weights to the engines: every rank's embedded engine, or (with
+        `weight_sync.mode=sglang_tensor`) every rank's colocated SGLang server, or else export
+        them for `update_weights_from_disk` (the answer then carries the directory as `path`).
+        Returns timing and the new weight version."""
         answer = await self._post_all("/learner/sync", {})
         return answer["metrics"] | ({"path": answer["path"]} if "path" in answer else {})
 
@@ -169,13 +171,20 @@ class LearnerGroup:
 
     async def _post_all(self, path: str, body: dict[str, Any], *, check: bool = True) -> dict[str, Any]:
         answers: list[dict[str, Any] | None] = [None] * self.world_size
+        failed: list[LearnerError] = []
 
-        async def one(rank: int) -> None:
-            answers[rank] = await self._post(self.urls[rank], path, body, check=check)
+        async def one(rank: int, scope: anyio.CancelScope) -> None:
+            try:
+                answers[rank] = await self._post(self.urls[rank], path, body, check=check)
+            except LearnerError as exc:
+                failed.append(exc)
+                scope.cancel()  # the other ranks may wait forever in the failed collective
 
         async with anyio.create_task_group() as tg:
             for rank in range(self.world_size):
-                tg.start_soon(one, rank)
+                tg.start_soon(one, rank, tg.cancel_scope)
+        if failed:  # one LearnerError for the caller to catch, not an exception group
+            raise failed[0]
         return answers[0] or {}
 
     async def _post(self, url: str, path: str, body: dict[str, Any], *, check: bool) -> dict[str, Any]:

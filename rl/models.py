@@ -48,7 +48,10 @@ class ModelConfig(Struct, frozen=True, kw_only=True):
     param_dtype: str = "float32"
     """Dtype of the master weights (FSDP2 casts to bf16 for compute)."""
     gradient_checkpointing: bool = True
-    """Checkpoint each decoder layer; applied by `rl.fsdp.apply_activation_checkpointing`."""
+    """Checkpoint decoder layers; applied by `rl.fsdp.apply_activation_checkpointing`."""
+    checkpoint_every: int = 1
+    """With gradient_checkpointing, checkpoint every k-th decoder layer (1: all of them; 2: half,
+    so a third less recomputation for the activations of the other half kept in memory)."""
     logprob_chunk_tokens: int = 1024
     """Tokens per chunk of the LM head + log-softmax (bounds the fp32 logits to chunk x vocab)."""
     compile_blocks: bool = False

@@ -7,6 +7,7 @@ SGLang's native API for the engine (so the orchestrator reaches it with the same
 real SGLang server) and the learner commands under `/learner/`:
   POST /learner/step     {kind, batch_path}   one update on this rank's share of the batch
   POST /learner/sync     {}                   actor weights -> this rank's engine, version + 1
+                                              (sglang_tensor: -> its colocated SGLang server)
   POST /learner/save     {step, extra, export} checkpoint (collective), HF export on rank 0
   POST /learner/load     {run_dir}            restore the latest checkpoint of run_dir
   POST /learner/release | /learner/resume     free / restore the engine's memory around training
@@ -14,16 +15,23 @@ real SGLang server) and the learner commands under `/learner/`:
   POST /learner/shutdown                      stop serving and exit
 Commands are collectives: the driver sends each to every rank, and they run one at a time in a
 worker thread, so generation requests and health checks are still answered meanwhile.
+With `engine.kind=sglang` there is no embedded engine: `weight_sync.mode=sglang_tensor` makes
+rank r publish to `engine.urls[r]` (the server colocated on its GPU) through
+`rl.weight_sync.sync_tensor` - the rank owns the gathered bf16 buckets, so the server opens their
+CUDA IPC handles while the rank keeps them alive (on CPU the tensors go by value); any other mode
+exports the actor to RUN/weights/vN for the driver's `update_weights_from_disk`.
 What it is not: the driver (`rl/learner_client.py`) or the update math (`rl/update.py`).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import shutil
 import logging
 import traceback
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -31,13 +39,15 @@ import anyio
 import msgspec
 import torch
 
+from agentcore.sglang import SGLangClient, SGLangClientConfig
 from rl.config import TrainConfig, load_config
 from rl.engine.embedded import EmbeddedEngine, resolve_dtype
 from rl.engine.http import HttpServer, HttpServerConfig
 from rl.engine.server import EngineServer, EngineServerConfig
-from rl.fsdp import Dist, close_distributed, init_distributed
+from rl.fsdp import Dist, close_distributed, full_state_items, init_distributed
 from rl.learner import Learner, decode_samples
 from rl.models import hf_model
+from rl.weight_sync import sync_tensor
 
 log = logging.getLogger("cuda-agent.rank")
 
@@ -49,6 +59,8 @@ class Rank:
         self.cfg, self.run_dir, self.dist, self.learner, self.engine = cfg, run_dir, dist, learner, engine
         self.commands = anyio.CapacityLimiter(1)  # collectives run one at a time, in order
         self.stop = anyio.Event()
+        self.server: SGLangClient | None = None  # sglang_tensor: this rank's colocated server
+        self.server_tp_size = 0  # its TP ranks, read from /get_server_info at the first sync
 
     async def _in_thread(self, fn: Callable[[], Any]) -> Any:
         return await anyio.to_thread.run_sync(fn, limiter=self.commands)
@@ -58,7 +70,46 @@ class Rank:
         metrics = await self._in_thread(lambda: self.learner.step(body["kind"], samples))
         return {"metrics": metrics}
 
+    @asynccontextmanager
+    async def colocated_server(self):
+        """Open the client of this rank's SGLang server when weights go there as tensors."""
+        cfg = self.cfg
+        if cfg.engine.kind != "sglang" or cfg.weight_sync.mode != "sglang_tensor":
+            yield
+            return
+        retry_s = cfg.weight_sync.server_retry_s
+        client_cfg = SGLangClientConfig(base_url=cfg.engine.urls[self.dist.rank], retry_budget_s=retry_s,
+                                        backoff_base_s=min(0.5, retry_s / 8))
+        async with SGLangClient(client_cfg) as self.server:
+            yield
+
+    async def sync_tensor(self) -> dict:
+        """Actor -> this rank's SGLang server as bf16 buckets (`update_weights_from_tensor`); the
+        version is the number of actor updates, recorded by the server with the last bucket and
+        returned in every generation's meta_info, so each trajectory carries it."""
+        ws, version = self.cfg.weight_sync, self.learner.optimizer_steps
+        buckets = full_state_items(self.learner.actor, ws.bucket_bytes, dtype=getattr(torch, ws.dtype))
+        async with self.commands:  # a collective (all-gathers): after any command still running
+            if not self.server_tp_size:
+                try:
+                    info = await self.server.get_server_info()
+                except Exception:  # the other ranks are gathering: take part, then fail
+                    await anyio.to_thread.run_sync(self._drain, buckets)
+                    raise
+                self.server_tp_size = max(1, int(info.raw.get("tp_size") or 1))
+            report = await sync_tensor(self.server, buckets, version, ws, tp_size=self.server_tp_size)
+        self.learner.version = version
+        return {"metrics": {"version": version, "weight_sync_s": report.seconds,
+                            "weight_sync_bytes": float(report.bytes), "weight_sync_buckets": report.buckets}}
+
+    def _drain(self, buckets) -> None:
+        if self.dist.device.type == "cuda":  # a fresh worker thread would default to cuda:0
+            torch.cuda.set_device(self.dist.device)
+        collections.deque(buckets, maxlen=0)
+
     async def sync(self, body: dict) -> dict:
+        if self.server is not None:
+            return await self.sync_tensor()
         if self.engine is None:  # SGLang servers: export for update_weights_from_disk (driver side)
             version = self.learner.optimizer_steps
             out = self.run_dir / "weights" / f"v{version:06d}"
@@ -154,7 +205,7 @@ def build_engine(cfg: TrainConfig, dist: Dist, learner: Learner) -> EmbeddedEngi
 
 
 async def serve(rank: Rank, port: int) -> None:
-    async with anyio.create_task_group() as tg:
+    async with rank.colocated_server(), anyio.create_task_group() as tg:
         if rank.engine is not None:
             server = EngineServer(rank.engine, EngineServerConfig(port=port, model_path=str(rank.run_dir)),
                                   routes=rank.routes())

@@ -38,10 +38,10 @@ from agentcore.tiny_tokenizer import build_tiny_tokenizer, load_tokenizer
 from agentcore.toolparse import tool_schemas
 from agentcore.types import Message, Task, Trajectory
 from rl.config import TrainConfig, save_config
-from rl.learner_client import LearnerGroup
+from rl.learner_client import LearnerError, LearnerGroup
 from rl.metrics import MetricsWriter
 from rl.scoring import EnvScorer
-from rl.weight_sync import sync_disk
+from rl.weight_sync import WeightSyncError, sync_disk
 
 log = logging.getLogger("cuda-agent.train")
 
@@ -71,13 +71,20 @@ class Run:
         shutil.rmtree(self.workspaces, ignore_errors=True)
 
     async def sync_weights(self) -> dict[str, float]:
-        """Learner -> engines: in-process for the embedded engines; SGLang servers load the
-        exported HF directory (`update_weights_from_disk`)."""
-        metrics = await self.learner.sync_weights()
-        path = metrics.pop("path", None)
-        if path is not None:
-            report = await sync_disk(self.clients, path, int(metrics["version"]), self.cfg.weight_sync)
-            metrics["weight_sync_s"] = metrics.get("export_s", 0.0) + report.seconds
+        """Learner -> engines: in-process for the embedded engines; with `sglang_tensor` each
+        rank sends its colocated server the tensors itself (`rl/rank.py`); otherwise SGLang
+        servers load the exported HF directory (`update_weights_from_disk`). A failed sync
+        raises before the step's metrics and checkpoint are written: `--resume` redoes the step
+        from its stored trajectories and publishes the checkpoint's weights first."""
+        try:
+            metrics = await self.learner.sync_weights()
+            path = metrics.pop("path", None)
+            if path is not None:
+                report = await sync_disk(self.clients, path, int(metrics["version"]), self.cfg.weight_sync)
+                metrics["weight_sync_s"] = metrics.get("export_s", 0.0) + report.seconds
+        except (LearnerError, WeightSyncError) as exc:
+            raise type(exc)(f"weight sync failed; checkpoints and stored trajectories are intact, so "
+                            f"`cuda-agent train --resume` redoes this step once the engines work: {exc}") from exc
         self.version = int(metrics.get("version", self.version))
         return metrics
 
@@ -142,6 +149,7 @@ async def open_run(cfg: TrainConfig) -> AsyncIterator[Run]:
     cfg = msgspec.structs.replace(cfg, data=msgspec.structs.replace(cfg.data, tokenizer=tokenizer_dir))
     tokenizer = load_tokenizer(tokenizer_dir)
     _check_vocab(cfg, len(tokenizer))
+    _check_weight_sync(cfg)
     save_config(cfg, run_dir)  # the ranks read it; also the record of the run
     renderer = ChatRenderer(tokenizer, tool_schemas(), cfg.engine.family)
     async with AsyncExitStack() as stack:
@@ -153,6 +161,19 @@ async def open_run(cfg: TrainConfig) -> AsyncIterator[Run]:
         stack.callback(run.close_metrics)
         stack.callback(run.close_workspaces)
         yield run
+
+
+def _check_weight_sync(cfg: TrainConfig) -> None:
+    """sglang_tensor pairs learner rank r with server r (the one on its GPU): the counts match."""
+    mode, ranks = cfg.weight_sync.mode, max(1, len(cfg.layout.learner_gpus))
+    if mode.startswith("sglang") and cfg.engine.kind != "sglang":
+        raise SystemExit(f"weight_sync.mode={mode} needs engine.kind=sglang and engine.urls")
+    if mode == "sglang_tensor" and len(cfg.engine.urls) != ranks:
+        raise SystemExit(
+            f"weight_sync.mode=sglang_tensor pairs each of the {ranks} learner rank(s) with the SGLang "
+            f"server on its GPU, but engine.urls has {len(cfg.engine.urls)}; use weight_sync.mode=sglang_disk "
+            "for servers that are not colocated"
+        )
 
 
 def _check_vocab(cfg: TrainConfig, vocab: int) -> None:

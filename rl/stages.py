@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import anyio
+import msgspec
 
 
 from agentcore.orchestrator import WorkItem
@@ -69,6 +70,14 @@ def tasks_for_step(tasks: list[Task], cfg: TrainConfig, step: int) -> list[WorkI
     random.Random(cfg.data.seed * 100003 + epoch).shuffle(order)
     picked = [tasks[order[(offset + i) % len(tasks)]] for i in range(n)]
     return [WorkItem(task=t, group_id=f"{t.task_id}@{step}", samples=cfg.data.samples_per_task) for t in picked]
+
+
+def collection_tasks(tasks: list[Task], cfg: TrainConfig) -> list[Task]:
+    """Tasks of one rft/value collection: all of them, or `data.collect_tasks` drawn like step 0."""
+    if not 0 < cfg.data.collect_tasks < len(tasks):
+        return tasks
+    capped = msgspec.structs.replace(cfg, data=msgspec.structs.replace(cfg.data, tasks_per_step=cfg.data.collect_tasks))
+    return [item.task for item in tasks_for_step(tasks, capped, 0)]
 
 
 async def train(run: Run) -> list[dict]:
@@ -193,6 +202,7 @@ async def _collected(run: Run, tasks: list[Task], stage: str, *, select: bool) -
 
 async def _collect(run: Run, tasks: list[Task], stage: str) -> list[Trajectory]:
     cfg = run.cfg
+    tasks = collection_tasks(tasks, cfg)
     items = [WorkItem(task=t, group_id=f"{t.task_id}@{stage}", samples=cfg.data.samples_per_task) for t in tasks]
     trajs: list[Trajectory] = []
     if stage == "rft" and cfg.data.demos > 0:
@@ -238,4 +248,4 @@ def _brief(row: dict) -> str:
     return " ".join(f"{k.split('/')[-1]}={row[k]:.3g}" for k in keys if isinstance(row.get(k), (int, float)))
 
 
-__all__ = ["stage_plan", "train", "tasks_for_step"]
+__all__ = ["collection_tasks", "stage_plan", "train", "tasks_for_step"]

@@ -3,6 +3,12 @@
     cuda-agent train --recipe smoke
     cuda-agent train --recipe single_gpu --stage rft --set model.path=/models/qwen --set steps.rft=50
     cuda-agent train --recipe node_8gpu --run-dir runs/r1 --resume
+    cuda-agent train --recipe single_gpu --set engine.kind=sglang --set weight_sync.mode=sglang_tensor
+        --set 'engine.urls=["http://127.0.0.1:30000"]'          (one server per learner GPU)
+
+With SGLang servers, `weight_sync.mode=sglang_tensor` has learner rank r push each update to
+`engine.urls[r]` (colocated on its GPU: CUDA IPC handles, no copy through the host);
+`sglang_disk` exports the actor to RUN/weights/vN and every server loads it from there.
 
 The run directory gets `config.json` (the resolved config), `learner.log` (the ranks' output),
 `rollouts/` (every trajectory, by stage and step), `ckpt/` (checkpoints, `latest`), `hf/` (the
@@ -53,6 +59,7 @@ async def run_training(cfg: TrainConfig) -> list[dict]:
     from rl.run import open_run
     from rl.stages import train
 
+    rows: list[dict] = []  # stays empty when a signal stops the run (its steps are on disk)
     async with anyio.create_task_group() as tg:
         tg.start_soon(_stop_on_signal, tg.cancel_scope)
         async with open_run(cfg) as run:

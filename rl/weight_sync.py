@@ -25,7 +25,10 @@ differently (different CUDA_VISIBLE_DEVICES). A CPU tensor is pickled by value (
 non-colocated debugging only). Only torch and builtins globals appear in the pickle, which
 SGLang's restricted unpickler (CVE-2025-10164) accepts.
 
-Colocated step (per learner rank and its server):
+In `cuda-agent train` (`weight_sync.mode=sglang_tensor`) learner rank r calls `sync_tensor` on
+`engine.urls[r]`, the server on its GPU, with the actor gathered in `dtype` (`rl/rank.py`); the
+driver (`rl/run.py`) calls `sync_disk` after the ranks exported the actor (`sglang_disk`).
+Colocated step with memory release (per learner rank and its server):
     await release(client, cfg)                          # pause, wait idle, free weights + KV
     ... train ...
     report = await sync_tensor(client, learner.weight_buckets(), version, cfg, released=True)
@@ -41,6 +44,7 @@ import io
 import pickle
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -76,6 +80,10 @@ class WeightSyncConfig(Struct, frozen=True, kw_only=True):
     """How CUDA IPC payloads name the GPU: uuid (SGLang >= 0.4.6 patch) or the raw index."""
     check_version: bool = True
     """After an update, read /get_weight_version back and require the new version."""
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """sglang_tensor: dtype of the tensors sent (the server's; fp32 masters are cast per tensor)."""
+    server_retry_s: float = 60.0
+    """sglang_tensor: how long a learner rank retries a control call to a dead or 5xx server."""
 
 
 class SyncReport(Struct, frozen=True, kw_only=True):
@@ -130,10 +138,6 @@ def serialize_named_tensors(
     buf = io.BytesIO()
     _WirePickler(buf, ipc_device).dump([(name, tensor) for name, tensor in named])
     return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _serialize(bucket: Bucket, ipc_device: str) -> str:
-    return serialize_named_tensors(bucket, ipc_device=ipc_device)
 
 
 def _collect_ipc() -> None:
@@ -281,6 +285,7 @@ async def sync_tensor(
     intended layout). Raises WeightSyncError; generation is continued in every case, and after
     a failure the buckets are still run to the end (see `_drain`)."""
     started, device, it = time.monotonic(), _current_cuda_device(), iter(buckets)
+    ok = False
     try:
         await client.pause_generation(cfg.pause_mode)
         if released:
@@ -291,15 +296,28 @@ async def sync_tensor(
         await flush_until_idle(client, cfg)
         if released:
             await resume(client, ["kv_cache", "cuda_graph"])
-    except Exception:
+        ok = True
+    except Exception as exc:
         await _drain(it, device)
-        raise
+        if isinstance(exc, WeightSyncError) or not isinstance(exc, EngineError):
+            raise
+        raise WeightSyncError(f"weight sync of version {version} to {client.base_url}: {exc}") from exc
     finally:
-        with anyio.CancelScope(shield=True), anyio.move_on_after(cfg.cleanup_timeout_s):
-            await client.continue_generation()
+        await _continue(client, cfg, quiet=not ok)
     if cfg.check_version:
         await _check_version(client, version)
     return tally.report(version, started)
+
+
+async def _continue(client: SGLangClient, cfg: WeightSyncConfig, *, quiet: bool) -> None:
+    """Let generation go on, shielded and bounded; after a failure a failing continue (a dead
+    server) must not hide the error that caused it."""
+    with anyio.CancelScope(shield=True), anyio.move_on_after(cfg.cleanup_timeout_s):
+        try:
+            await client.continue_generation()
+        except EngineError:
+            if not quiet:
+                raise
 
 
 async def _post_buckets(
@@ -317,7 +335,7 @@ async def _post_buckets(
         raise WeightSyncError(f"weight sync of version {version}: no tensors to send")
     while upcoming is not None:
         bucket, upcoming = upcoming, await _next_bucket(it, device)
-        payload = await _in_thread(device, _serialize, bucket, cfg.ipc_device)
+        payload = await _in_thread(device, partial(serialize_named_tensors, bucket, ipc_device=cfg.ipc_device))
         last_version = version if upcoming is None else None
         await _post_bucket(client, payload, tp_size, last_version, tally.buckets, version)
         tally.add(bucket)

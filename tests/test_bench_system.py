@@ -8,6 +8,7 @@ import json
 import pytest
 
 from bench import system as s
+from bench import system_run
 
 H200 = s.Machine(gpus=("NVIDIA H200 (143771 MiB)",), driver="580.95.05", cpu_model="Intel Xeon", cpus=16,
                  cpus_usable=16, mem_gib=125.0, torch="2.11.0+cu130", torch_cuda="13.0", nvcc="13.0",
@@ -23,7 +24,7 @@ WEIGHT_SYNC = [{"size": "1.5b", "params": 1.54e9, "bytes": 3.09e9, "sync_s_media
 @pytest.fixture
 def saved(tmp_path):
     """Raw `--out` JSON of three modules, an envelope of a skipped and of a failed one, the machine."""
-    (tmp_path / "machine.json").write_text(json.dumps(s._builtins(H200)))
+    (tmp_path / "machine.json").write_text(json.dumps(system_run._builtins(H200)))
     (tmp_path / "orchestrator.json").write_text(json.dumps(ORCH))
     (tmp_path / "learner.json").write_text(json.dumps(LEARNER))
     (tmp_path / "weight_sync.json").write_text(json.dumps(WEIGHT_SYNC))
@@ -71,9 +72,9 @@ def test_real_subprocess_runs_capture_json_and_failures(tmp_path):
 
 
 def test_json_is_found_after_other_output():
-    assert s._json_of('building...\nnote: {not json\n{\n "a": 1\n}\n') == {"a": 1}
+    assert system_run._json_of('building...\nnote: {not json\n{\n "a": 1\n}\n') == {"a": 1}
     with pytest.raises(ValueError):
-        s._json_of("no json here\n")
+        system_run._json_of("no json here\n")
 
 
 def test_only_and_skip_select_and_reject_unknown_names():

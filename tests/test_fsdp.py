@@ -256,6 +256,41 @@ def _cuda_worker(out: Path) -> None:
     close_distributed()
 
 
+def test_every_kth_layer_keeps_the_last_one_and_rejects_zero():
+    from rl.fsdp import every_kth
+
+    assert every_kth(list("abcde"), 1) == list("abcde")
+    assert every_kth(list("abcde"), 2) == ["a", "c", "e"]
+    assert every_kth(list("abcdef"), 3) == ["c", "f"]
+    with pytest.raises(ValueError, match="k >= 1"):
+        every_kth(list("ab"), 0)
+
+
+def test_checkpointing_every_other_layer_gives_the_same_gradients():
+    """Partial activation checkpointing recomputes some blocks in backward: same loss, same
+    gradients as no checkpointing, and only the chosen blocks are wrapped."""
+    from rl.fsdp import apply_activation_checkpointing, every_kth
+    from rl.models import layers
+
+    import msgspec
+
+    cfg = _model_cfg()
+    cfg = msgspec.structs.replace(cfg, hf_config={**cfg.hf_config, "num_hidden_layers": 4})
+    batch = _packed((9, 6), seed=3)
+    grads = []
+    for k in (None, 2):
+        torch.manual_seed(0)
+        modules = _models(cfg, "cpu")
+        if k:
+            wrapped = [apply_activation_checkpointing(m, every_kth(layers(m), k)) for m in modules]
+            assert [len(w) for w in wrapped] == [2, 2]
+        actor_loss, critic_loss = _losses(*modules, batch, 10.0)
+        (actor_loss + critic_loss).backward()
+        grads.append(torch.cat([p.grad.flatten() for m in modules for p in m.parameters() if p.grad is not None]))
+    assert grads[0].numel() == grads[1].numel()
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-6)
+
+
 def _flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([state[k].detach().float().flatten().cpu() for k in sorted(state)])
 

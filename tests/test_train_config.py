@@ -10,7 +10,7 @@ from agentcore.types import Finish, Status, Timings, ToolError, ToolErrorKind, T
 from rl.config import apply_overrides, load_config, save_config
 from rl.recipes import RECIPES, smoke
 from rl.selection import is_looping, rft_rejection
-from rl.stages import stage_plan, tasks_for_step
+from rl.stages import collection_tasks, stage_plan, tasks_for_step
 from agentcore.types import Task
 
 
@@ -48,6 +48,16 @@ def test_tasks_of_a_step_are_deterministic_and_cover_an_epoch():
     again = [[w.task.task_id for w in tasks_for_step(tasks, cfg, s)] for s in range(3)]
     assert first == again
     assert sorted(t for step in first for t in step) == sorted(t.task_id for t in tasks)
+
+
+def test_a_collection_takes_all_tasks_or_the_capped_step_zero_draw():
+    tasks = _tasks(9)
+    assert collection_tasks(tasks, smoke()) == tasks
+    capped = apply_overrides(smoke(), ["data.collect_tasks=4", "data.tasks_per_step=2"])
+    picked = collection_tasks(tasks, capped)
+    assert len(picked) == 4 and len({t.task_id for t in picked}) == 4
+    assert picked == collection_tasks(tasks, capped)  # deterministic
+    assert collection_tasks(tasks, apply_overrides(smoke(), ["data.collect_tasks=20"])) == tasks
 
 
 def _traj(reward, turns, status=Status.COMPLETED):

@@ -3,6 +3,7 @@
     cuda-agent bench --suite kernelbench --levels 1,2,3 --engine local --model HF_DIR --out runs/b
     cuda-agent bench --suite kernelbench --engine sglang --url http://h:30000 --tokenizer HF_DIR
     cuda-agent bench --suite kernelbench --replay rl/demos --wrappers --out runs/replay
+    cuda-agent bench --suite kernelbench --replay rl/demos --out runs/replay --recheck-baselines
     cuda-agent bench --write-wrappers DIR [--levels 1,2,3]
     cuda-agent bench --watch RUN_DIR [...]            (bench.kernelbench.watch)
 
@@ -12,6 +13,9 @@ problem (verdict, hack category, speedups) and the summary. Level 4 is skipped w
 its Models load HuggingFace hub weights. `--replay PATH` (repeatable; implies `--engine replay`)
 takes our workspaces or KernelBench single-file solutions (`level1/19_ReLU.py`); `--wrappers`
 adds generated reference wrappers for every problem no earlier set covers (all must be rejected).
+`--recheck-baselines` then times every selected problem's eager and torch.compile baselines once
+more in fresh processes (`bench.kernelbench.recheck`): OUT/baseline_recheck.jsonl, and the share
+within 10% in the report; on a finished OUT it only rechecks (also resumable).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 import anyio
 
 from agentcore import runtime
+from bench.kernelbench.recheck import NoGpuError
 from bench.records import ProblemRecord
 
 
@@ -65,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-unsandboxed", action="store_true", help="run bash without bwrap")
     p.add_argument("--keep-workspaces", action="store_true")
     p.add_argument("--no-report", action="store_true", help="skip report.md and the plots")
+    p.add_argument("--recheck-baselines", action="store_true",
+                   help="after the run, time each problem's eager/compile baselines again in fresh processes")
     p.add_argument("--watch", metavar="RUN_DIR", help="benchmark a training run's checkpoints as they appear")
     return p
 
@@ -82,6 +89,7 @@ def to_config(a: argparse.Namespace):
         max_new_tokens=a.max_new_tokens, seed=a.seed, checkpoint_step=a.checkpoint_step,
         concurrency=a.concurrency, gpus=_ints(a.gpus), engine_device=a.engine_device, env=a.env,
         allow_unsandboxed=a.allow_unsandboxed, keep_workspaces=a.keep_workspaces,
+        recheck_baselines=a.recheck_baselines,
     )
 
 
@@ -94,6 +102,8 @@ def _check(p: argparse.ArgumentParser, config) -> None:
         p.error("--engine sglang needs --url")
     if config.engine == "sglang" and not (config.tokenizer or config.model_path):
         p.error("--engine sglang needs --tokenizer (the servers run with --skip-tokenizer-init)")
+    if config.recheck_baselines and config.env == "fake":
+        p.error("--recheck-baselines times on the GPU: it needs --env real")
 
 
 def _fmt(x: float | None, unit: str = "x") -> str:
@@ -123,10 +133,13 @@ def report(out_dir: str, records: list[ProblemRecord]) -> str | None:
 
 
 async def _run(config) -> list[ProblemRecord] | None:
-    """run_benchmark until it ends (its records) or SIGINT/SIGTERM stops it (None)."""
+    """run_benchmark (and the baseline recheck) until it ends (its records) or SIGINT/SIGTERM
+    stops it (None)."""
+    from bench.kernelbench.recheck import recheck_baselines, summarize_recheck
     from bench.kernelbench.run import run_benchmark
 
     records: list[ProblemRecord] | None = None
+    finished = False
     async with anyio.create_task_group() as tg:
         async def stop_on_signal() -> None:
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -137,8 +150,14 @@ async def _run(config) -> list[ProblemRecord] | None:
 
         tg.start_soon(stop_on_signal)
         records = await run_benchmark(config)
+        if config.recheck_baselines:
+            s = summarize_recheck(await recheck_baselines(config))
+            share = "-" if s.both_within is None else f"{100 * s.both_within:.1f}%"
+            print(f"baseline recheck: {s.problems} problems timed twice, {s.errors} failed; eager and compile "
+                  f"both within {100 * (s.agree_ratio - 1):.0f}%: {share}", file=sys.stderr)
+        finished = True
         tg.cancel_scope.cancel()
-    return records
+    return records if finished else None
 
 
 def main(argv: list[str]) -> int:
@@ -159,7 +178,7 @@ def main(argv: list[str]) -> int:
     _check(p, config)
     try:
         records = runtime.run(_run, config)
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, NoGpuError) as exc:
         print(f"cuda-agent bench: {exc}", file=sys.stderr)
         return 2
     if records is None:

@@ -4,9 +4,12 @@ What it is: `write_report(out_dir, records)` writes `out_dir/report.md` (our row
 paper's published ones, fast_p, outcomes, hacks by category, verdict statuses, the per-problem
 table, infrastructure errors), `summary.json` (every number of the report, from
 `bench.kernelbench.metrics.summarize`) and three PNGs drawn on matplotlib's Agg canvas:
-`speedup_distribution.png`, `fast_p.png`, `levels.png`. What it is not: the metrics (they are
-computed in `bench.kernelbench.metrics`, from the records alone) or the runner, which calls
-`write_report` at the end of a run.
+`speedup_distribution.png`, `fast_p.png`, `levels.png`. Beside the records it reads, when present,
+`run_stats.jsonl` (how the runs used the machine: wall time, problems/hour, GPU-queue busy fraction
+per lane, jobs/s, restarts, queue depth; `bench.kernelbench.run_stats`) and
+`baseline_recheck.jsonl` (a second measurement of the baselines; `bench.kernelbench.recheck`).
+What it is not: the metrics (they are computed in `bench.kernelbench.metrics`, from the records
+alone) or the runner, which calls `write_report` at the end of a run.
 
 Example:
     path = write_report(out_dir, read_records(out_dir / "records.jsonl"))   # -> out_dir/report.md
@@ -22,6 +25,8 @@ import msgspec
 
 from bench.kernelbench.metrics import FAST_P_SHOWN, LevelMetrics, Summary, summarize
 from bench.kernelbench.paper import PAPER_ROWS, SOURCE, PaperRow
+from bench.kernelbench.recheck import RECHECK_FILE, RecheckRow, RecheckSummary, agrees, read_recheck, summarize_recheck
+from bench.kernelbench.run_stats import RUN_STATS_FILE, MachineUse, read_run_stats, summarize_run_stats
 from bench.records import ProblemRecord
 
 REPORT_FILE = "report.md"
@@ -35,17 +40,23 @@ def write_report(out_dir: str | Path, records: Sequence[ProblemRecord], *, faste
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = summarize(records, faster_margin=faster_margin)
+    machine = summarize_run_stats(read_run_stats(out_dir / RUN_STATS_FILE))
+    rechecked = read_recheck(out_dir / RECHECK_FILE)
     summary = {
         "records": len(records),
         "faster_margin": faster_margin,
         "paper_source": SOURCE,
         "paper": [msgspec.to_builtins(r) for r in PAPER_ROWS],
         "summaries": [msgspec.to_builtins(s) for s in summaries],
+        "machine": [msgspec.to_builtins(m) for m in machine],
+        "baseline_recheck": {"summary": msgspec.to_builtins(summarize_recheck(rechecked)),
+                             "problems": [msgspec.to_builtins(r) for r in rechecked]} if rechecked else None,
     }
     (out_dir / SUMMARY_FILE).write_bytes(msgspec.json.format(msgspec.json.encode(summary), indent=1))
     plots = draw_plots(out_dir, records, summaries)
     path = out_dir / REPORT_FILE
-    path.write_text(markdown(records, summaries, [p.name for p in plots], faster_margin))
+    text = markdown(records, summaries, [p.name for p in plots], faster_margin)
+    path.write_text(text + machine_markdown(machine) + recheck_markdown(rechecked))
     return path
 
 
@@ -191,6 +202,68 @@ def speed(x: float | None) -> str:
 
 def ms(x: float | None) -> str:
     return "-" if x is None else f"{x:.4g}"
+
+
+# ---------------------------------------------------------------------------------------------
+# How the machine was used; whether the baselines reproduce
+
+
+def machine_markdown(machine: list[MachineUse]) -> str:
+    """The run_stats section ('' without run_stats.jsonl)."""
+    if not machine:
+        return ""
+    lines = ["\n## Machine use (`run_stats.jsonl`; resumed runs add up)\n",
+             ("| checkpoint | runs | wall | problems | problems/hour | trajectories | GPU busy | jobs | jobs/s "
+              "| restarts | timeouts | crashes | queue depth mean / max |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for m in machine:
+        depth = "-" if m.depth_mean is None else f"{m.depth_mean:.1f} / {m.depth_max}"
+        lines.append(f"| {_step(m.checkpoint_step)} | {m.runs} | {m.wall_s:.1f} s | {m.problems} | "
+                     f"{num(m.problems_per_hour, '.0f')} | {m.trajectories} | {pct(m.busy_fraction)} | "
+                     f"{m.jobs_done} | {num(m.jobs_per_s, '.2f')} | {m.restarts} | {m.timeouts} | {m.crashes} | {depth} |")
+    lanes = [(m, lane) for m in machine for lane in m.lanes]
+    if lanes:
+        lines += ["", "| checkpoint | GPU lane | busy fraction | jobs | restarts | timeouts | crashes |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {_step(m.checkpoint_step)} | {lane.gpu} | {pct(lane.busy_fraction)} | {lane.jobs_done} | "
+                  f"{lane.restarts} | {lane.timeouts} | {lane.crashes} |" for m, lane in lanes]
+    else:
+        lines.append("\nNo GPU queue (fake kernel env): no busy fraction.")
+    return "\n".join(lines) + "\n"
+
+
+def recheck_markdown(rows: list[RecheckRow]) -> str:
+    """The baseline re-measurement section ('' without baseline_recheck.jsonl)."""
+    if not rows:
+        return ""
+    s = summarize_recheck(rows)
+    lines = ["\n## Baseline re-measurement (`baseline_recheck.jsonl`)\n", _recheck_line(s), "",
+             "| level | problem | first from | eager ms 1st / 2nd | ratio | compile ms 1st / 2nd | ratio | agree | error |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        agree = "yes" if agrees(r.eager_ratio, s.agree_ratio) and agrees(r.compile_ratio, s.agree_ratio) else "no"
+        last = (r.error or "").strip().splitlines()[-1:]  # a job's error ends with the exception
+        error = " ".join(last).replace("|", "\\|")[:160]
+        lines.append(f"| {r.level} | {r.name} | {r.first_from} | {ms(r.eager_ms_first)} / {ms(r.eager_ms_second)} | "
+                     f"{num(r.eager_ratio, '.3f')} | {ms(r.compile_ms_first)} / {ms(r.compile_ms_second)} | "
+                     f"{num(r.compile_ratio, '.3f')} | {agree if r.error is None else '-'} | {error or '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+def _recheck_line(s: RecheckSummary) -> str:
+    worst = lambda w: "-" if w is None else f"{w.ratio:.3f} (L{w.level} {w.name})"
+    return (f"{s.problems} problems timed twice ({s.first_from_run} first timed by the run, the rest by two "
+            f"baseline jobs), {s.errors} failed. Within {100 * (s.agree_ratio - 1):.0f}% (max / min): "
+            f"eager {pct(s.eager_within)}, compile {pct(s.compile_within)}, **both {pct(s.both_within)}**. "
+            f"Worst ratio second / first: eager {worst(s.worst_eager)}, compile {worst(s.worst_compile)}.")
+
+
+def _step(step: int | None) -> str:
+    return "final" if step is None else f"step {step}"
+
+
+def num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,7 +15,9 @@ What it is: the runner behind `cuda-agent bench` and the checkpoint watcher. Res
 with the same `out_dir` (and `checkpoint_step`) skips problems that have a record, rebuilds the
 records of trajectories that were stored before a kill, and redoes only the rest. Sampling is
 fixed (BenchConfig); each trajectory's seed is derived from (seed, level, problem, sample) and
-recorded. What it is not: the metrics or the report (`bench.kernelbench.metrics`, `.report`).
+recorded. Each run (and each resume) appends how it used the machine to `OUT/run_stats.jsonl`
+(`bench.kernelbench.run_stats`). What it is not: the config (`.config`, re-exported here), the
+metrics or the report (`bench.kernelbench.metrics`, `.report`).
 
 Example:
     records = await run_benchmark(BenchConfig(engine="replay", replay_paths=("rl/demos",), out_dir="runs/b"))
@@ -27,11 +29,9 @@ import logging
 import shutil
 import tempfile
 import time
-import zlib
 from collections import defaultdict
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Literal
 
 import anyio
 import msgspec
@@ -51,86 +51,16 @@ from agentcore.tiny_tokenizer import build_tiny_tokenizer, load_tokenizer
 from agentcore.toolparse import tool_schemas
 from agentcore.types import Status, Trajectory, TrajectoryGroup
 from bench.kernelbench.candidates import BestCandidateScorer, CandidateTools, EnvEvaluator, Evaluator
+from bench.kernelbench.config import BenchConfig, group_id, seed_of, source_label
 from bench.kernelbench.problems import Problem, default_problems_path, load_problems
 from bench.kernelbench.replay import Solution, find_solutions, group_of, replay_engine
+from bench.kernelbench.run_stats import RUN_STATS_FILE, DepthSampler, write_run_stats
 from bench.kernelbench.wrappers import write_wrappers
 from bench.records import ProblemRecord, append_record, read_records
 
 log = logging.getLogger("cuda-agent.bench")
 
 INFRA_STATUSES = (Status.FAILED, Status.ENGINE_ERROR, Status.ABORTED)
-
-
-class BenchConfig(Struct, frozen=True, kw_only=True):
-    """Everything a benchmark run depends on; saved as OUT/config.json (config_step<N>.json)."""
-
-    problems_path: str = ""
-    """KernelBench problems.jsonl; '' means $KERNELBENCH_PROBLEMS or shared/kernelbench/."""
-    levels: tuple[int, ...] = (1, 2, 3)
-    """Levels to run; 4 is reported as skipped (hub weights)."""
-    problem_ids: tuple[int, ...] = ()
-    """Only these problem ids within the levels; empty: all."""
-    engine: Literal["local", "sglang", "replay"] = "local"
-    """local: the embedded engine on `model_path`; sglang: servers at `urls`; replay: solutions."""
-    model_path: str = ""
-    """HF model directory (local engine; also the default tokenizer)."""
-    urls: tuple[str, ...] = ()
-    """SGLang server URLs (sglang engine), routed stickily per trajectory."""
-    tokenizer: str = ""
-    """Tokenizer directory; '' means model_path, or the built-in tiny one for replay."""
-    family: str = "hermes"
-    """Tool-call format: hermes, qwen3_coder."""
-    replay_paths: tuple[str, ...] = ()
-    """Solution sets to replay (workspaces or single-file solutions); the first holding a problem wins."""
-    replay_wrappers: bool = False
-    """Also replay generated reference wrappers (after replay_paths), for every selected problem."""
-    replay_checks: bool = True
-    """Replayed trajectories call verify and profile too (else compile only; the final evaluation
-    still verifies and times, at half the GPU time)."""
-    out_dir: str = "runs/bench"
-    """records.jsonl, trajectories.jsonl, config; shared by checkpoints (records carry the step)."""
-    max_turns: int = 200
-    """Turn limit (200 in the paper's evaluation)."""
-    max_context_tokens: int = 131072
-    """Context budget of a trajectory."""
-    samples: int = 1
-    """Trajectories per problem; the record is the best of them."""
-    temperature: float = 1.0
-    """Fixed sampling temperature."""
-    top_p: float = 1.0
-    """Fixed nucleus sampling."""
-    max_new_tokens: int = 8192
-    """Cap on one model turn."""
-    seed: int = 0
-    """Base seed; each trajectory's seed derives from it, the problem and the sample index."""
-    checkpoint_step: int | None = None
-    """Training step of the evaluated checkpoint (None: not from a training run)."""
-    concurrency: int = 256
-    """Trajectories in flight (orchestrator workers and model slots)."""
-    compile_slots: int = 16
-    """Concurrent compile calls."""
-    gpus: tuple[int, ...] = ()
-    """GPUs for verification and profiling; empty: every GPU torch sees."""
-    engine_device: str = "auto"
-    """Device of the local engine: auto, cuda, cuda:1, cpu."""
-    env: Literal["real", "fake"] = "real"
-    """Kernel environment: real (nvcc + GPU queue) or the fake one (CPU plumbing checks only)."""
-    allow_unsandboxed: bool = False
-    """Run the agent's bash without bubblewrap."""
-    keep_workspaces: bool = False
-    """Keep each trajectory's workspace (under OUT/workspaces)."""
-    progress: bool = True
-    """Show the live progress line on stderr."""
-
-
-def seed_of(config: BenchConfig, problem: Problem, sample: int) -> int:
-    """The trajectory's base sampling seed (turn t samples with seed + t)."""
-    return zlib.crc32(f"{config.seed}:{problem.level}:{problem.problem_id}:{sample}".encode()) & 0x3FFFFFFF
-
-
-def group_id(problem: Problem, config: BenchConfig) -> str:
-    step = "final" if config.checkpoint_step is None else f"step{config.checkpoint_step}"
-    return f"{problem.task_id}@{step}"
 
 
 class SeededEngine:
@@ -175,13 +105,6 @@ def record_of(problem: Problem, trajs: list[Trajectory], config: BenchConfig, so
 def _bare_record(problem: Problem, config: BenchConfig, source: str, outcome: str, message: str) -> ProblemRecord:
     return ProblemRecord(level=problem.level, problem_id=problem.problem_id, name=problem.name, source=source,
                          outcome=outcome, message=message, checkpoint_step=config.checkpoint_step)
-
-
-def source_label(config: BenchConfig) -> str:
-    """ProblemRecord.source of the whole run (the metrics summarise per source and step)."""
-    if config.engine == "replay":
-        return "replay:" + ",".join([*config.replay_paths, *(["wrappers"] if config.replay_wrappers else [])])
-    return config.model_path or ",".join(config.urls)
 
 
 class _Plan(Struct, kw_only=True):
@@ -369,22 +292,15 @@ async def _roll_out(config: BenchConfig, out: Path, work: _Plan, kernel_env: Ker
             orch = Orchestrator(runner=runner, tools=tools, config=_orchestrator_config(config),
                                 resources=resources, store=store,
                                 scorer=BestCandidateScorer(evaluator or EnvEvaluator(kernel_env), tools))
+            queue = getattr(kernel_env, "queue", None)  # rewards.env.RewardsKernelEnv's GpuQueue (None: fake env)
+            depth = DepthSampler(queue) if queue is not None else None
             started = time.monotonic()
-            await _drive(orch, items, recorder, background, config)
-            _write_run_stats(out / "run_stats.jsonl", time.monotonic() - started, orch, kernel_env)
+            await _drive(orch, items, recorder, [*background, *([depth.run] if depth else [])], config)
+            write_run_stats(out / RUN_STATS_FILE, wall_s=time.monotonic() - started, problems=len(recorder.written),
+                            checkpoint_step=config.checkpoint_step, orchestrator=orch, queue=queue, depth=depth)
     finally:
         if not config.keep_workspaces:
             shutil.rmtree(workspaces, ignore_errors=True)
-
-
-def _write_run_stats(path: Path, wall_s: float, orch: Orchestrator, kernel_env: KernelEnv) -> None:
-    """One JSON line per (resumed) run: wall time, orchestrator and GPU-queue statistics (busy
-    fraction per lane), so a report can quote how the machine was used."""
-    queue = getattr(kernel_env, "queue", None)  # rewards.env.RewardsKernelEnv's GpuQueue (None: fake env)
-    row = {"wall_s": round(wall_s, 3), "orchestrator": msgspec.to_builtins(orch.statistics()),
-           "gpu_queue": msgspec.to_builtins(queue.statistics()) if queue is not None else None}
-    with open(path, "ab") as f:
-        f.write(msgspec.json.encode(row) + b"\n")
 
 
 async def _drive(orch: Orchestrator, items: list[WorkItem], recorder: _Recorder, background: list,
@@ -400,7 +316,7 @@ async def _drive(orch: Orchestrator, items: list[WorkItem], recorder: _Recorder,
         async with recv:
             async for group in recv:
                 recorder.group(group.group_id, group.trajectories)
-        tg.cancel_scope.cancel()  # the run is over: stop the progress line and the prober
+        tg.cancel_scope.cancel()  # the run is over: stop the progress line, the prober, the sampler
 
 
 __all__ = ["BenchConfig", "SeededEngine", "group_id", "plan", "record_of", "run_benchmark", "seed_of", "source_label"]

@@ -6,10 +6,16 @@ own constraints) and really run on it: each stage is executed on a meta tensor t
 shape, and an op that fails there is not chained. Nothing is inserted between stages (no
 reshapes or adapters): only compatible ops follow each other. The paper had an LLM compose up to
 5 torch operator classes (REFERENCE.md section 1: 83.8% two-op); `DEPTH_WEIGHTS` leans the same way.
+Sizing (`sizing.py`): the chain is drawn on the seeds' start shapes, then its batch (dim 0) is
+set so that a roofline estimate of its eager time is about `Config.sizing.target_ms` (3 ms on an
+H100) within the memory budget; among `max_tries` chains the first of the drawn depth whose
+estimate lies in the filters' window is kept. The estimate and batch go into the metadata
+(`est_eager_ms`, `est_peak_gib`, `batch`). A `scale` other than 1 (CPU tests) skips the sizing
+and keeps toy shapes.
 What it is not: the runtime filters (eager/compile run, timing, non-constant outputs) or
 decontamination (`similarity.py`).
 
-Same `rng_seed`, `scale` and op table -> byte-identical source.
+Same `rng_seed`, config and op table -> byte-identical source.
 
 Example:
     task = compose(7, scale=0.02)
@@ -23,7 +29,10 @@ import random
 from msgspec import Struct
 
 from agentcore.types import Task
-from rl.data.seeds import SeedOp, Shape, base_shape, output_shape, render_model, seed_ops
+from rl.data import sizing as sz
+from rl.data.seeds import SeedOp, Shape, output_shape, render_model, seed_ops
+
+Stages = list[tuple[SeedOp, Shape, Shape]]
 
 DEPTH_WEIGHTS: dict[int, float] = {1: 0.05, 2: 0.6, 3: 0.2, 4: 0.1, 5: 0.05}
 """How often each depth is drawn; two-op compositions dominate, as in the paper's data."""
@@ -38,16 +47,18 @@ class Config(Struct, frozen=True, kw_only=True):
     max_depth: int = 5
     """Most operators in one Model."""
     scale: float = 1.0
-    """Size multiplier passed to `seeds.base_shape` (1.0 aims at 1-100 ms eager on a GPU)."""
+    """Size multiplier of the start shapes; 1.0 is sized to `sizing.target_ms`, others are not."""
     max_tries: int = 20
-    """Fresh first operators to try before giving up on a requested depth."""
+    """Fresh first operators to try before giving up on a requested depth (or the window)."""
+    sizing: sz.Config = sz.Config()
+    """The eager-time target and the machine the estimate is for."""
 
 
-def _chain(rng: random.Random, ops: tuple[SeedOp, ...], depth: int, scale: float) -> tuple[list[tuple[SeedOp, Shape, Shape]], Shape]:
+def _chain(rng: random.Random, ops: tuple[SeedOp, ...], depth: int, scale: float) -> tuple[Stages, Shape]:
     """Up to `depth` stages starting from a random op and rank; may stop early if nothing fits."""
     first = rng.choice(ops)
     rank = rng.choice(first.ranks)
-    start = base_shape(rank, scale)
+    start = first.start_shape(rank, scale)
     limit = MAX_GROWTH * _numel(start)
     stages: list[tuple[SeedOp, Shape, Shape]] = []
     shape, candidates = start, [first]
@@ -72,23 +83,41 @@ def _numel(shape: Shape) -> int:
     return n
 
 
+def _sized(stages: Stages, config: Config) -> tuple[Stages, dict, bool]:
+    """(stages at their sized batch, estimate metadata, whether the estimate is in the window)."""
+    if config.scale != 1.0 or config.sizing.target_ms <= 0:
+        return stages, {}, True
+    resized, prof, batch = sz.resize(stages, config.sizing)
+    return resized, sz.provenance(prof, batch), sz.in_window(prof, batch, config.sizing)
+
+
+def _draw(rng: random.Random, ops: tuple[SeedOp, ...], depth: int, config: Config) -> tuple[Stages, dict]:
+    """The first chain of `depth` stages in the window, else the longest (in-window first) seen."""
+    best: tuple[tuple[int, bool], Stages, dict] = ((0, False), [], {})
+    for _ in range(config.max_tries):
+        stages, _ = _chain(rng, ops, depth, config.scale)
+        if not stages:
+            continue
+        stages, estimate, ok = _sized(stages, config)
+        rank = (len(stages), ok)
+        if rank > best[0]:
+            best = (rank, stages, estimate)
+        if rank == (depth, True):
+            break
+    return best[1], best[2]
+
+
 def compose(rng_seed: int, *, config: Config = Config(), ops: tuple[SeedOp, ...] | None = None) -> Task:
     """One composed task, reproducible from `rng_seed` (provenance in its metadata)."""
     ops = ops if ops is not None else seed_ops()
     rng = random.Random(rng_seed)
     depths = [d for d in DEPTH_WEIGHTS if d <= config.max_depth]
     depth = rng.choices(depths, weights=[DEPTH_WEIGHTS[d] for d in depths])[0]
-    best: tuple[list, Shape] = ([], ())
-    for _ in range(config.max_tries):
-        stages, start = _chain(rng, ops, depth, config.scale)
-        if len(stages) > len(best[0]):
-            best = (stages, start)
-        if len(stages) == depth:
-            break
-    stages, start = best
+    stages, estimate = _draw(rng, ops, depth, config)
     if not stages:
         raise RuntimeError(f"compose({rng_seed}): no operator runs at scale {config.scale}")
     names = [op.name for op, _, _ in stages]
+    origins = [op.origin for op, _, _ in stages if op.origin]
     doc = f"Composition of {len(stages)} seed operator(s): {' -> '.join(names)}."
     meta = {
         "source": "compose",
@@ -97,7 +126,10 @@ def compose(rng_seed: int, *, config: Config = Config(), ops: tuple[SeedOp, ...]
         "depth": len(stages),
         "rng_seed": rng_seed,
         "scale": config.scale,
+        **({"transformers": ",".join(origins)} if origins else {}),
+        **estimate,
     }
+    start = stages[0][1]
     return Task(task_id=f"compose/{rng_seed}", source=render_model(stages, start, doc), name="_".join(n.split(".")[-1] for n in names), metadata=meta)
 
 

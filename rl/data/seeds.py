@@ -3,18 +3,18 @@
 What it is: a table of operator families (conv, pooling, norm, activation, linear, elementwise,
 reductions, shape) saying how to construct each op from its input shape, which input ranks it
 takes, and what else its input must satisfy; `seed_ops()` keeps the entries the installed torch
-has and that build and run on a meta tensor; `seed_task` renders one as a runnable `Model`
+has and that build and run on a meta tensor, plus the transformers-module seeds of `hf_seeds.py`
+(their code inlined through `SeedOp.preamble`); `seed_task` renders one as a runnable `Model`
 source; `render_model` renders any chain of them (used by `compose.py`).
 What it is not: the runtime filters (eager and torch.compile run, 1-100 ms measured on a GPU,
 non-constant outputs); those need the GPU and come later in the pipeline. Stochastic ops
 (Dropout, RReLU) are left out on purpose (REFERENCE.md section 1).
 
-Size heuristic (aim, not measurement): every input holds about 2**27 fp32 elements (512 MiB) at
-`scale=1`. An H100/H200-class GPU streams ~2-3 TB/s and does ~50 TFLOP/s fp32, so a
-memory-bound op (read + write 1 GiB) takes ~0.4-0.5 ms and a chain of 2-5 of them 1-3 ms; the
-compute-bound families are shaped to ~0.1-2 TFLOP: Conv2d 64->64 3x3 on [32, 64, 256, 256] is
-~0.15 TFLOP (~3-6 ms), Linear 4096->4096 on [32768, 4096] ~1.1 TFLOP (~20-40 ms). `scale`
-multiplies every dimension (with floors) so CPU tests run the same code at toy sizes.
+Shapes: the start inputs hold about 2**27 fp32 elements (512 MiB); they fix every dim but the
+batch (dim 0), which no op mixes. At `scale=1` the batch is then chosen by `sizing.py` so that a
+roofline estimate of the eager time is ~3 ms on an H100 (fixed 2**27-element inputs left 240 of
+500 compositions under the filters' 1 ms floor). Any other `scale` multiplies every start
+dimension (with floors) and skips the sizing, so CPU tests run the same code at toy sizes.
 
 Example:
     ops = seed_ops()
@@ -51,12 +51,12 @@ MAX_LINEAR_FEATURES = 16384
 """Linear/LayerNorm only on a last dim this small: a [F, F] weight past it does not fit a GPU."""
 
 
-def base_shape(rank: int, scale: float = 1.0) -> Shape:
-    """The seed input shape of `rank` at `scale` (each dimension scaled, floored at MIN_DIMS).
+def base_shape(rank: int, scale: float = 1.0, base: Shape | None = None) -> Shape:
+    """The seed input shape of `rank` (or `base`) at `scale`, each dimension floored at MIN_DIMS.
 
     The last dimension is kept a multiple of 8 (vector-friendly, and GLU halves it).
     """
-    dims = [max(lo, round(d * scale)) for d, lo in zip(BASE_SHAPES[rank], MIN_DIMS[rank])]
+    dims = [max(lo, round(d * scale)) for d, lo in zip(base or BASE_SHAPES[rank], MIN_DIMS[rank])]
     dims[-1] = max(8, dims[-1] // 8 * 8)
     return tuple(dims)
 
@@ -66,7 +66,9 @@ class SeedOp:
     """One operator: a template formatted with the input's shape variables (see `shape_vars`).
 
     Module ops render as `self.<attr> = <template>` and `x = self.<attr>(x)`; function ops render
-    as `x = <template>` with `{x}` standing for the input.
+    as `x = <template>` with `{x}` standing for the input. An op whose template names a class or
+    function of its own (the transformers seeds, `hf_seeds.py`) carries that code in `preamble`,
+    rendered once at the top of the source; `origin` says where it came from.
     """
 
     name: str
@@ -75,12 +77,22 @@ class SeedOp:
     ranks: tuple[int, ...]
     module: bool = True
     fits: Callable[[Shape], bool] = field(default=lambda shape: True, compare=False)
+    preamble: tuple[str, ...] = ()
+    """Code blocks (classes, functions) the template uses, rendered once each above `Model`."""
+    origin: str = ""
+    """The class the op was taken from (transformers seeds); empty for torch's own ops."""
+    start: dict[int, Shape] = field(default_factory=dict, compare=False)
+    """Input shape per rank of a chain that starts with this op (default BASE_SHAPES)."""
 
     def accepts(self, shape: Shape) -> bool:
         return len(shape) in self.ranks and self.fits(shape)
 
     def expression(self, shape: Shape, x: str = "x") -> str:
         return self.template.format(x=x, **shape_vars(shape))
+
+    def start_shape(self, rank: int, scale: float = 1.0) -> Shape:
+        """The input of a chain starting with this op at `rank` (its own start, else the base)."""
+        return base_shape(rank, scale, self.start.get(rank, BASE_SHAPES[rank]))
 
 
 def shape_vars(shape: Shape) -> dict[str, int]:
@@ -152,12 +164,21 @@ NAMESPACE = {"torch": torch, "nn": nn, "F": F}
 """What a template may refer to; rendered sources import exactly these names."""
 
 
+@functools.cache
+def _namespace(preamble: tuple[str, ...]) -> dict:
+    namespace = dict(NAMESPACE, math=math)
+    for block in preamble:
+        exec(compile(block, "<seed preamble>", "exec"), namespace)  # noqa: S102 - our own table's code
+    return namespace
+
+
 def build(op: SeedOp, shape: Shape) -> Callable[[torch.Tensor], torch.Tensor]:
     """The op as a callable for an input of `shape` (a module is built on the current device)."""
     expr = op.expression(shape)
+    namespace = dict(_namespace(op.preamble))
     if op.module:
-        return eval(expr, dict(NAMESPACE))  # noqa: S307 - our own table's templates
-    return eval(f"lambda x: {expr}", dict(NAMESPACE))  # noqa: S307
+        return eval(expr, namespace)  # noqa: S307 - our own table's templates
+    return eval(f"lambda x: {expr}", namespace)  # noqa: S307
 
 
 def output_shape(op: SeedOp, shape: Shape) -> Shape | None:
@@ -175,17 +196,34 @@ def output_shape(op: SeedOp, shape: Shape) -> Shape | None:
     return tuple(out.shape)
 
 
+def _available(op: SeedOp) -> bool:
+    if op.preamble:  # the code is inlined: nothing to import
+        return True
+    root, _, attr = op.name.partition(".")
+    return hasattr(NAMESPACE[root], attr)
+
+
 @functools.cache
-def seed_ops() -> tuple[SeedOp, ...]:
-    """Table entries the installed torch provides and that run on their own base input shape."""
-    found = []
-    for op in _table():
-        root, _, attr = op.name.partition(".")
-        if not hasattr(NAMESPACE[root], attr):
-            continue
-        if any(output_shape(op, base_shape(r)) is not None for r in op.ranks):
-            found.append(op)
-    return tuple(found)
+def seed_ops(*, transformers: bool = True) -> tuple[SeedOp, ...]:
+    """Table entries the installed torch provides and that run on their own start shape; with
+    `transformers`, the transformers-module seeds (`hf_seeds`, inlined as plain torch) too."""
+    from rl.data.hf_seeds import hf_table  # hf_seeds builds on SeedOp: imported late
+
+    table = _table() + (hf_table() if transformers else [])
+    return tuple(op for op in table if _available(op)
+                 and any(output_shape(op, op.start_shape(r)) is not None for r in op.ranks))
+
+
+def propagate(ops: list[SeedOp], start: Shape) -> list[tuple[SeedOp, Shape, Shape]] | None:
+    """`ops` chained from an input of `start` as (op, in, out) stages, or None if one does not run."""
+    stages, shape = [], start
+    for op in ops:
+        out = output_shape(op, shape)
+        if out is None:
+            return None
+        stages.append((op, shape, out))
+        shape = out
+    return stages
 
 
 def uncovered_nn_modules() -> list[str]:
@@ -207,8 +245,9 @@ def _attr_name(op: SeedOp, index: int) -> str:
 
 def render_model(stages: list[tuple[SeedOp, Shape, Shape]], input_shape: Shape, doc: str) -> str:
     """KernelBench-format source applying `stages` ((op, input shape, output shape), in order)."""
-    init, forward = [], []
+    init, forward, preambles = [], [], []
     for i, (op, shape, out) in enumerate(stages):
+        preambles += [block for block in op.preamble if block not in preambles]
         if op.module:
             attr = _attr_name(op, i)
             init.append(f"        self.{attr} = {op.expression(shape)}")
@@ -217,12 +256,15 @@ def render_model(stages: list[tuple[SeedOp, Shape, Shape]], input_shape: Shape, 
             forward.append(f"        x = {op.expression(shape)}  # {list(shape)} -> {list(out)}")
     init = init or ["        pass"]
     dims = ", ".join(str(d) for d in input_shape)
+    helpers = [line for block in preambles for line in (*block.strip("\n").splitlines(), "", "")]
     lines = [
+        *(["import math"] if preambles else []),
         "import torch",
         "import torch.nn as nn",
         "import torch.nn.functional as F",
         "",
         "",
+        *helpers,
         "class Model(nn.Module):",
         f'    """{doc}"""',
         "",
@@ -246,17 +288,31 @@ def render_model(stages: list[tuple[SeedOp, Shape, Shape]], input_shape: Shape, 
     return "\n".join(lines)
 
 
-def seed_task(op: SeedOp, *, scale: float = 1.0, rank: int | None = None) -> Task:
-    """One seed operator as a Task, on its first accepted rank's base input (or `rank`)."""
-    ranks = [rank] if rank is not None else list(op.ranks)
-    for r in ranks:
-        shape = base_shape(r, scale)
+def seed_task(op: SeedOp, *, scale: float = 1.0, rank: int | None = None, sizing=None) -> Task:
+    """One seed operator as a Task, on its first accepted rank's start input (or `rank`).
+
+    At scale 1 its batch is sized to `sizing.target_ms` (an `rl.data.sizing.Config`; default one);
+    any other scale keeps the scaled start shape (toy sizes for CPU tests).
+    """
+    from rl.data import sizing as sz  # sizing builds on this module: imported late
+
+    config = sizing or sz.Config()
+    for r in [rank] if rank is not None else list(op.ranks):
+        shape = op.start_shape(r, scale)
         out = output_shape(op, shape)
-        if out is not None:
-            source = render_model([(op, shape, out)], shape, f"Seed operator {op.name} ({op.family}).")
-            meta = {"source": "seed", "ops": op.name, "family": op.family, "depth": 1, "scale": scale}
-            return Task(task_id=f"seed/{op.name}/r{r}", source=source, name=op.name, metadata=meta)
-    raise ValueError(f"{op.name} accepts none of ranks {ranks} at scale {scale}")
+        if out is None:
+            continue
+        stages = [(op, shape, out)]
+        meta = {"source": "seed", "ops": op.name, "family": op.family, "depth": 1, "scale": scale}
+        if op.origin:
+            meta["transformers"] = op.origin
+        if scale == 1.0 and config.target_ms > 0:
+            stages, prof, batch = sz.resize(stages, config)
+            meta |= sz.provenance(prof, batch)
+        _, shape, _ = stages[0]
+        source = render_model(stages, shape, f"Seed operator {op.name} ({op.family}).")
+        return Task(task_id=f"seed/{op.name}/r{r}", source=source, name=op.name, metadata=meta)
+    raise ValueError(f"{op.name} accepts none of ranks {op.ranks if rank is None else [rank]} at scale {scale}")
 
 
 def seed_tasks(*, scale: float = 1.0) -> list[Task]:
