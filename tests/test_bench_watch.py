@@ -209,3 +209,21 @@ def test_watch_cli_once_over_a_run_without_checkpoints(tmp_path, capsys):
     assert w.main_watch(["--watch", str(tmp_path), "--once"]) == 0
     assert "0 checkpoint(s) benchmarked" in capsys.readouterr().out
     assert w.main_watch(["--watch", str(tmp_path / "missing"), "--once"]) == 2
+
+
+async def test_a_watcher_started_before_the_trainer_waits_for_its_run_directory(tmp_path):
+    import anyio
+
+    run_dir, returned = tmp_path / "run", anyio.Event()
+
+    async def waiter() -> None:
+        await w.wait_for_run_dir(run_dir, 0.05)
+        returned.set()
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await anyio.sleep(0.3)
+            assert not returned.is_set()  # still waiting: no run directory yet
+            run_dir.mkdir()  # the trainer arrives
+            await returned.wait()

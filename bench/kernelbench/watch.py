@@ -231,6 +231,16 @@ async def watch(
         board.close()
 
 
+async def wait_for_run_dir(run_dir: Path, poll_s: float) -> None:
+    """Return once `run_dir` exists: a watcher started beside `cuda-agent train` may look before
+    the trainer has created its run directory (it does so after its imports, seconds later)."""
+    if run_dir.is_dir():
+        return
+    log.info("waiting for the run directory %s", run_dir)
+    while not run_dir.is_dir():
+        await anyio.sleep(min(poll_s, 5.0))
+
+
 def _pending(run_dir: Path, max_attempts: int) -> list[tuple[int, Path]]:
     done, failed = benchmarked_steps(run_dir), failed_attempts(run_dir)
     return [(s, p) for s, p in committed_checkpoints(run_dir) if s not in done and failed.get(s, 0) < max_attempts]
@@ -329,7 +339,7 @@ def main_watch(argv: list[str]) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args, config = parse_watch_args(argv)
-    if not args.watch.is_dir():
+    if args.once and not args.watch.is_dir():
         print(f"cuda-agent bench --watch: no run directory at {args.watch}", file=sys.stderr)
         return 2
 
@@ -338,6 +348,7 @@ def main_watch(argv: list[str]) -> int:
     async def go() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, tg.cancel_scope)
+            await wait_for_run_dir(args.watch, args.poll_s)
             rows.extend(await watch(args.watch, config, poll_s=args.poll_s, once=args.once,
                                     max_attempts=args.max_attempts, keep_exports=args.keep_exports))
             tg.cancel_scope.cancel()
