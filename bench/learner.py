@@ -46,6 +46,7 @@ import orjson
 import torch
 import torch.distributed as dist
 
+from rl import perf
 from rl.fsdp import (
     Dist,
     apply_activation_checkpointing,
@@ -60,7 +61,6 @@ from rl.models import (
     build_actor,
     build_critic,
     count_params,
-    flops_per_token,
     layers,
     qwen2_config,
     tiny_qwen2_config,
@@ -68,14 +68,6 @@ from rl.models import (
 from rl.samples import Sample
 from rl.update import PPOConfig, ppo_step
 
-# Dense bf16 tensor-core peak per GPU (no sparsity), from the vendor data sheets; first match wins.
-PEAK_BF16_FLOPS = (
-    ("H200", 989e12),
-    ("H100 PCIe", 756e12),
-    ("H100 NVL", 835e12),
-    ("H100", 989e12),  # SXM ("NVIDIA H100 80GB HBM3")
-    ("A100", 312e12),
-)
 TINY_VOCAB = 4096
 
 
@@ -85,8 +77,7 @@ def peak_flops(device: torch.device, override_tflops: float | None) -> float | N
         return override_tflops * 1e12
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    return next((peak for key, peak in PEAK_BF16_FLOPS if key in name), None)
+    return perf.peak_flops(torch.cuda.get_device_name(device))
 
 
 def model_config(size: str) -> dict:
@@ -135,17 +126,8 @@ def synthetic_batch(
 
 
 def update_flops(hf_cfg: dict, samples: list[Sample]) -> float:
-    """Model FLOPs of one ppo_step on `samples` (see the module docstring)."""
-    h, n_layers, vocab = hf_cfg["hidden_size"], hf_cfg["num_hidden_layers"], hf_cfg["vocab_size"]
-    q = hf_cfg["num_attention_heads"] * (hf_cfg.get("head_dim") or h // hf_cfg["num_attention_heads"])
-    n_actor = flops_per_token(hf_cfg, 0) / 6.0
-    n_critic = n_actor - vocab * h + h  # no LM head; a value head of h weights
-    tokens = sum(len(s.token_ids) for s in samples)
-    attn_fwd = 2.0 * n_layers * q * sum(len(s.token_ids) ** 2 for s in samples)  # causal
-    actor = 6.0 * n_actor * tokens + 3.0 * attn_fwd
-    critic = 6.0 * n_critic * tokens + 3.0 * attn_fwd
-    values = 2.0 * n_critic * tokens + attn_fwd
-    return actor + critic + values
+    """Model FLOPs of one ppo_step on `samples` (`rl.perf`, the accounting training reports)."""
+    return perf.update_flops(hf_cfg, [len(s.token_ids) for s in samples], "ppo")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import msgspec
 import numpy as np
 import torch
 
-from rl import checkpoint
+from rl import checkpoint, perf
 from rl.config import TrainConfig
 from rl.fsdp import Dist, apply_activation_checkpointing, compile_blocks, every_kth, full_state_items, shard
 from rl.models import build_actor, build_critic, layers
@@ -84,7 +84,23 @@ class Learner:
             raise ValueError(f"unknown update kind {kind!r}")
         self.optimizer_steps += 1
         metrics["train_s"] = time.perf_counter() - t0
-        return metrics
+        return metrics | self._throughput(kind, samples, metrics)
+
+    def _throughput(self, kind: str, samples: list[Sample], metrics: dict[str, float]) -> dict[str, float]:
+        """tokens/s of the update (all ranks) and, on a GPU of the peak table, its MFU (rl.perf)."""
+        seconds, device = metrics["train_s"], self.dist.device
+        if seconds <= 0:
+            return {}
+        out = {"tokens_per_s": float(metrics.get("tokens", 0.0)) / seconds}
+        peak = perf.peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+        if peak is None:
+            return out
+        updates = self.cfg.ppo.updates_per_batch if kind == "ppo" else 1
+        flops = torch.tensor(perf.update_flops(self.actor.lm.config.to_dict(), [len(s.token_ids) for s in samples],
+                                               kind, updates), dtype=torch.float64, device=device)
+        if self.dist.world_size > 1:
+            torch.distributed.all_reduce(flops)  # this rank's share -> the update's
+        return out | {"mfu": float(flops) / (seconds * peak * self.dist.world_size)}
 
     def _reference(self):
         """The KL reference: the actor when the first PPO step of this process ran (the stage's

@@ -98,7 +98,7 @@ async def train(run: Run) -> list[dict]:
         run.stage_end = hi
         for g in range(max(step, lo), hi):
             row = await STEPS[name](run, tasks, g, g - lo)
-            row |= {"stage": name, "step": g, "stage_index": STAGE_INDEX[name]}
+            row |= {"stage": name, "step": g, "stage_index": STAGE_INDEX[name]} | _perf(row)
             metrics.write(g, row)
             progress.update(g, row)
             rows.append(row)
@@ -237,6 +237,11 @@ def _row(trajs, train: dict, sync: dict, times: dict, run: Run) -> dict:
     row = {f"rollout/{k}": v for k, v in metrics.items()}
     row |= {f"train/{k}": v for k, v in train.items()} | _sync(sync) | times
     return row | run.env_statistics()
+
+
+def _perf(row: dict) -> dict:
+    """`perf/` figures of the step's update: tokens/s and (on a known GPU) MFU, from the learner."""
+    return {f"perf/{k}": row[f"train/{k}"] for k in ("tokens_per_s", "mfu") if f"train/{k}" in row}
 
 
 def _sync(sync: dict) -> dict:

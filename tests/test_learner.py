@@ -39,6 +39,8 @@ def test_each_update_kind_counts_an_optimizer_step(dist):
     for kind in ("sft", "value", "ppo"):
         metrics = learner.step(kind, _samples())
         assert metrics["tokens"] > 0
+        assert metrics["tokens_per_s"] == pytest.approx(metrics["tokens"] / metrics["train_s"])
+        assert "mfu" not in metrics  # no peak FLOP/s for a CPU: no made-up MFU
     assert learner.optimizer_steps == 3
 
 

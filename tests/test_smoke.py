@@ -27,6 +27,7 @@ def test_smoke_runs_every_stage_of_the_plan(smoke_run):
     summary = orjson.loads((out / "summary.json").read_bytes())
     stages = [row["stage"] for row in summary["rows"]]
     assert stages == ["rft"] * 4 + ["value"] + ["ppo"] * 2
+    assert all(row["perf/tokens_per_s"] > 0 for row in summary["rows"])  # every update's throughput
     assert "step" in proc.stdout and "reward" in proc.stdout  # the printed reward curve
 
 
