@@ -47,6 +47,7 @@ from rewards.gpu_queue import GpuQueue, GpuQueueConfig, count_gpus
 from rewards.jobs import Job, JobResult, QueueStatistics
 from rewards.profile import Profile, ProfileInfrastructureError, profile_workspace
 from rewards.verify import VerifyInfrastructureError, verify_workspace
+from rewards.verify_phases import top_level_ms
 from rl.demonstrations import DemoTask, demo_tasks
 
 # A level-1 problem of small tensors (4096^2 fp32 GEMM): the 6-7 GiB elementwise demos take a
@@ -89,6 +90,9 @@ class JobRecord(Struct, frozen=True, kw_only=True):
     wall_s: float = 0.0
     wait_s: float = 0.0
     gpu: int = -1
+    phases_ms: dict[str, float] = {}
+    """The job's own breakdown (rewards.verify_phases), plus "queue.outside_handler" (wall - run)
+    and "handler.unaccounted" (run - the trusted side's top-level phases)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,22 +156,32 @@ class _Recorded:
 async def run_job(queue: GpuQueue, kind: str, demo: BuiltDemo, config: EnvConfig, *, mode: str = "quick",
                   baselines: Baselines | None = None, gpu: int | None = None) -> tuple[JobRecord, Profile | None]:
     """One job; a failing candidate or a handler error is a record with ok=False, not a raise."""
-    via, ws, outcome = _Recorded(queue, gpu), Path(demo.workspace), None
+    via, ws, outcome, phases = _Recorded(queue, gpu), Path(demo.workspace), None, {}
     try:
         if kind == "verify":
             verdict = await verify_workspace(via, ws, demo.task, demo.so_path, mode, config=config.verify,
                                              deadline_s=config.job_deadline_s)
-            ok, message = verdict.ok, verdict.message
+            ok, message, phases = verdict.ok, verdict.message, verdict.phases_ms
         else:
             outcome = await profile_workspace(via, ws, demo.task, demo.so_path, config=config.profile,
                                               baselines=baselines, deadline_s=config.job_deadline_s)
-            ok, message = outcome.ok, outcome.message
+            ok, message, phases = outcome.ok, outcome.message, outcome.phases_ms
     except (VerifyInfrastructureError, ProfileInfrastructureError) as error:
         ok, message = False, str(error)
     r = via.result
     record = JobRecord(kind=kind, demo=demo.name, ok=ok, status=r.status.value, message=message[-1000:],
-                       run_s=r.run_s, wall_s=r.wall_s, wait_s=r.wait_s, gpu=r.gpu)
+                       run_s=r.run_s, wall_s=r.wall_s, wait_s=r.wait_s, gpu=r.gpu, phases_ms=job_phases(r, phases))
     return record, outcome
+
+
+def job_phases(result: JobResult, phases_ms: dict[str, float]) -> dict[str, float]:
+    """The handler's phases plus what lies around them: the queue's share of the wall time
+    (files, channel, codecs, scratch reset) and the handler's time no phase covers."""
+    if not phases_ms:
+        return {}
+    around = {"queue.outside_handler": 1e3 * (result.wall_s - result.run_s),
+              "handler.unaccounted": 1e3 * result.run_s - top_level_ms(phases_ms)}
+    return {**phases_ms, **around}
 
 
 async def warm_up(queue: GpuQueue, demos: list[BuiltDemo], config: EnvConfig, mode: str) -> dict:
@@ -252,9 +266,22 @@ def latency_ms(values: list[float]) -> dict[str, float]:
             "max": 1e3 * values[-1]}
 
 
+def phase_summary(records: list[JobRecord]) -> dict[str, dict[str, float]]:
+    """Per phase name: mean, p50 and max in ms over the jobs that have it, largest mean first
+    (a phase a job lacks, e.g. "baselines" measured only in the warm-up, is left out of it)."""
+    names = {name for r in records for name in r.phases_ms}
+    out = {}
+    for name in names:
+        values = sorted(r.phases_ms[name] for r in records if name in r.phases_ms)
+        out[name] = {"mean": statistics.fmean(values), "p50": values[max(0, math.ceil(0.5 * len(values)) - 1)],
+                     "max": values[-1], "jobs": len(values)}
+    return dict(sorted(out.items(), key=lambda item: -item[1]["mean"]))
+
+
 def summarize(records: list[JobRecord]) -> dict:
     """Per kind: count, passed, statuses, latencies (wall: the lane held; run: in the handler;
-    wait: for a lane), jobs under the target; the first failures with their messages."""
+    wait: for a lane), jobs under the target, where the time went (`phases_ms`, see
+    `phase_summary`); the first failures with their messages."""
     kinds = {}
     for kind in KINDS:
         mine = [r for r in records if r.kind == kind]
@@ -263,6 +290,7 @@ def summarize(records: list[JobRecord]) -> dict:
             "wall_ms": latency_ms([r.wall_s for r in mine]), "run_ms": latency_ms([r.run_s for r in mine]),
             "wait_ms": latency_ms([r.wait_s for r in mine]),
             "under_target_fraction": sum(r.wall_s < TARGET_JOB_S for r in mine) / max(len(mine), 1),
+            "phases_ms": phase_summary(mine),
         }
     failures = [msgspec.to_builtins(r) for r in records if not r.ok][:5]
     return {"kinds": kinds, "failures": failures}
@@ -365,6 +393,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 __all__ = [
-    "DEFAULT_DEMOS", "BuiltDemo", "DemoBuildError", "JobRecord", "NeedsGpu", "build_demos", "env_config", "latency_ms",
-    "load_demos", "main", "run", "run_job", "saturate", "summarize", "targets", "warm_up",
+    "DEFAULT_DEMOS", "BuiltDemo", "DemoBuildError", "JobRecord", "NeedsGpu", "build_demos", "env_config", "job_phases",
+    "latency_ms", "load_demos", "main", "phase_summary", "run", "run_job", "saturate", "summarize", "targets", "warm_up",
 ]

@@ -30,8 +30,14 @@ import json
 import os
 import signal
 import sys
+import time
 import traceback
 from pathlib import Path
+
+from rewards.verify_phases import Phases, process_age_ms
+
+_STARTUP_MS = {"interpreter": process_age_ms()}  # issue 3: where a verify job's time goes
+_import_start = time.perf_counter()
 
 import torch
 
@@ -54,6 +60,7 @@ from rewards.verify_wire import (
     share_cuda,
 )
 
+_STARTUP_MS["import"] = (time.perf_counter() - _import_start) * 1e3  # torch and the harness
 _synchronize = torch.cuda.synchronize  # bound before any candidate is imported
 ERROR_CHARS = 4000
 
@@ -153,16 +160,24 @@ class Session:
 
     @classmethod
     def start(cls, load: Load) -> tuple[Session | None, Loaded]:
+        phases = Phases()
+        phases.merge(_STARTUP_MS, prefix="")
         probes.pin_precision()
-        _warm_up(load.device)
-        before = probes.snapshot()
+        with phases.phase("warm_up"):  # torch._dynamo import, CUDA context, profiler start-up
+            _warm_up(load.device)
+        with phases.phase("snapshot"):
+            before = probes.snapshot()
         try:
-            task = load_task(load.task_source, keep_model=False)
-            model = build_model(load)
+            with phases.phase("build"):  # extension, model_new.py, ModelNew, state_dict, .to(device)
+                task = load_task(load.task_source, keep_model=False)
+                model = build_model(load)
         except BaseException as exc:  # noqa: BLE001 - a candidate that fails to load is a verdict
-            return None, Loaded(ok=False, error=describe_exception(exc), pid=os.getpid(), before=before)
+            return None, Loaded(ok=False, error=describe_exception(exc), pid=os.getpid(), before=before,
+                                phases_ms=phases.as_dict())
         session = cls(load, model, task)
-        return session, Loaded(ok=True, pid=os.getpid(), before=before, after=probes.snapshot())
+        with phases.phase("snapshot"):
+            after = probes.snapshot()
+        return session, Loaded(ok=True, pid=os.getpid(), before=before, after=after, phases_ms=phases.as_dict())
 
     def stream_context(self):
         return torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext()
@@ -176,25 +191,34 @@ class Session:
             return self._trial(msg)
 
     def _trial(self, msg: Trial) -> TrialReport:
-        inputs = self._inputs(msg)
-        tensors = _tensors(inputs)
-        fps = tuple(probes.fingerprint(t) for _, t in tensors)
-        poisoned = msg.poison is not None and probes.poison(str(self.device), msg.expected_nbytes, msg.poison)
+        # Phases (rewards.verify_phases) add no synchronize here: the fingerprints' own host
+        # syncs end the GPU work of the phase before them, and the side-stream check needs the
+        # harness stream's fingerprints taken before the device-wide synchronize.
+        phases = Phases()
+        with phases.phase("inputs"):
+            inputs = self._inputs(msg)
+            tensors = _tensors(inputs)
+            fps = tuple(probes.fingerprint(t) for _, t in tensors)
+        with phases.phase("poison"):
+            poisoned = msg.poison is not None and probes.poison(str(self.device), msg.expected_nbytes, msg.poison)
         start = probes.now()
         try:
             outputs, ops, kernels, marker = self._forward(inputs, msg)
         except BaseException as exc:  # noqa: BLE001 - the candidate's failure is reported
             return TrialReport(index=msg.index, run=msg.run, ok=False, error=describe_exception(exc), input_fingerprints=fps)
         forward_ms = probes.elapsed_ms(start)
-        plain = [o for o in outputs if type(o) is torch.Tensor]
-        fp_stream = tuple(probes.fingerprint(o) for o in plain)  # ordered on the harness stream only
-        self.synchronize()
-        fp_device = tuple(probes.fingerprint(o) for o in plain)
-        after = probes.snapshot()
-        changed = tuple(i for (i, t), fp in zip(tensors, fps) if probes.fingerprint(t) != fp)
-        prev_changed, same_storage = self._previous(plain, tensors)
+        phases.add("profiled_forward" if msg.profile and self.cuda else "forward", forward_ms)
+        with phases.phase("probes"):
+            plain = [o for o in outputs if type(o) is torch.Tensor]
+            fp_stream = tuple(probes.fingerprint(o) for o in plain)  # ordered on the harness stream only
+            self.synchronize()
+            fp_device = tuple(probes.fingerprint(o) for o in plain)
+            after = probes.snapshot()
+            changed = tuple(i for (i, t), fp in zip(tensors, fps) if probes.fingerprint(t) != fp)
+            prev_changed, same_storage = self._previous(plain, tensors)
         try:
-            infos = self._send_outputs(outputs, tensors, msg)
+            with phases.phase("send_outputs"):
+                infos = self._send_outputs(outputs, tensors, msg)
         except Exception as exc:  # noqa: BLE001 - e.g. a blob past RLIMIT_FSIZE: the harness's failure, said so
             error = f"the harness could not transfer the outputs: {describe_exception(exc)}"
             return TrialReport(index=msg.index, run=msg.run, ok=False, error=error, input_fingerprints=fps)
@@ -204,6 +228,7 @@ class Session:
             inputs_changed=changed, ops=ops, after=after, fp_stream=fp_stream,
             fp_device=fp_device, prev_changed=prev_changed, prev_same_storage=same_storage,
             kernels=tuple(kernels), marker_stream=marker, poisoned=poisoned, forward_ms=forward_ms,
+            phases_ms=phases.as_dict(),
         )
 
     def _previous(self, plain: list[torch.Tensor], tensors: list) -> tuple[bool, bool]:

@@ -42,6 +42,7 @@ from rewards.precision import DEFAULT_POLICY
 from rewards.timing import Measurement, TimingConfig
 from rewards.verdict import Timing
 from rewards.verify import PACKAGE_ROOT, CandidateProcess, job_files
+from rewards.verify_phases import Phases
 from rewards.verify_wire import BlobWriter, ChildGone, Load, Pipe
 
 HANDLER = "rewards.profile:profile"
@@ -83,6 +84,8 @@ class Profile(Struct, frozen=True, kw_only=True):
     eager: Timing | None = None
     compiled: Timing | None = None
     baselines: Baselines | None = None
+    phases_ms: dict[str, float] = {}
+    """Where the profile job's time went (rewards.verify_phases; "child." from the child)."""
 
 
 class ProfileInfrastructureError(RuntimeError):
@@ -105,6 +108,7 @@ class Timed(Struct, frozen=True, kw_only=True):
     ok: bool
     error: str = ""
     measurement: Measurement | None = None
+    phases_ms: dict[str, float] = {}  # the child's own account: start-up, build, warm-up, sampling
 
 
 time_request_decoder = msgspec.msgpack.Decoder(TimeCandidate)
@@ -169,37 +173,49 @@ def _load_message(request: ProfileRequest, work_dir: Path, transfer: Path) -> Lo
                 init_seed=request.config.init_seed, state=state, transfer_dir=str(transfer))
 
 
-def time_candidate(request: ProfileRequest, config: TimingConfig, work_dir: Path) -> Timed:
-    """Time the candidate in a fresh child; its failures (crash, timeout, exception) are values."""
+def time_candidate(request: ProfileRequest, config: TimingConfig, work_dir: Path,
+                   phases: Phases | None = None) -> Timed:
+    """Time the candidate in a fresh child; its failures (crash, timeout, exception) are values.
+    `phases` gets "state", "spawn", "child" (and the child's own "child.*") and "close"."""
+    phases = phases if phases is not None else Phases()
     transfer = work_dir / f"xfer-{uuid.uuid4().hex[:12]}"
     transfer.mkdir(parents=True)
     child = ProfileChild(work_dir)
     c = request.config
     try:
-        message = TimeCandidate(load=_load_message(request, work_dir, transfer), config=config,
-                                input_seed=c.input_seed)
-        child.start()
-        return child.time(message, c.load_timeout_s + c.time_timeout_s)
+        with phases.phase("state"):  # the reference's state_dict, built on the CPU
+            message = TimeCandidate(load=_load_message(request, work_dir, transfer), config=config,
+                                    input_seed=c.input_seed)
+        with phases.phase("spawn"):
+            child.start()
+        with phases.phase("child"):
+            timed = child.time(message, c.load_timeout_s + c.time_timeout_s)
+        phases.merge(timed.phases_ms)
+        return timed
     except TimeoutError:
         return Timed(ok=False, error=f"the candidate was not timed within {c.load_timeout_s + c.time_timeout_s:.0f} s")
     except ChildGone:
         return Timed(ok=False, error=child.describe_death())
     finally:
-        child.close()
-        shutil.rmtree(transfer, ignore_errors=True)
+        with phases.phase("close"):
+            child.close()
+            shutil.rmtree(transfer, ignore_errors=True)
 
 
 def run_profile(request: ProfileRequest, *, work_dir: Path) -> Profile:
     """Baselines here, the candidate in a child (module docstring)."""
-    from rewards.baselines import candidate_config
-
-    baselines = _baselines(request)
-    timed = time_candidate(request, candidate_config(baselines, request.config.timing), Path(work_dir))
+    phases = Phases()
+    with phases.phase("import"):  # torch and rewards.baselines: once per worker process
+        from rewards.baselines import candidate_config
+    with phases.phase("baselines"):  # a key check when the orchestrator sent them, else measured
+        baselines = _baselines(request)
+    timed = time_candidate(request, candidate_config(baselines, request.config.timing), Path(work_dir), phases)
     eager, compiled = baselines.eager.measurement.timing, baselines.compiled.measurement.timing
     if not timed.ok or timed.measurement is None:
         return Profile(ok=False, message=f"the candidate could not be timed:\n{timed.error}",
-                       eager=eager, compiled=compiled, baselines=baselines)
-    return Profile(ok=True, candidate=timed.measurement.timing, eager=eager, compiled=compiled, baselines=baselines)
+                       eager=eager, compiled=compiled, baselines=baselines, phases_ms=phases.as_dict())
+    return Profile(ok=True, candidate=timed.measurement.timing, eager=eager, compiled=compiled, baselines=baselines,
+                   phases_ms=phases.as_dict())
 
 
 def profile(payload: bytes, ctx: JobContext) -> bytes:

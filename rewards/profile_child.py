@@ -17,6 +17,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
+
+from rewards.verify_phases import Phases, process_age_ms
+
+_STARTUP_MS = {"interpreter": process_age_ms()}  # issue 3: where a profile job's time goes
+_import_start = time.perf_counter()
 
 import torch
 
@@ -26,6 +32,8 @@ from rewards.candidate import _die_with_parent, build_model, describe_exception
 from rewards.inputs import load_task
 from rewards.profile import TimeCandidate, Timed, time_request_decoder
 from rewards.verify_wire import ChildGone, Pipe
+
+_STARTUP_MS["import"] = (time.perf_counter() - _import_start) * 1e3  # torch, baselines, the harness
 
 
 def make_inputs_fn(source: str, input_seed: int, device: str):
@@ -41,14 +49,21 @@ def make_inputs_fn(source: str, input_seed: int, device: str):
 
 
 def time_candidate(msg: TimeCandidate) -> Timed:
+    phases = Phases()
+    phases.merge(_STARTUP_MS, prefix="")
     probes.pin_precision()  # the numerics the candidate was verified under
     try:
-        model = build_model(msg.load)
-        make_inputs = make_inputs_fn(msg.load.task_source, msg.input_seed, msg.load.device)
-        measurement = measure_model(model, make_inputs, msg.config)
+        with phases.phase("build"):  # CUDA context, extension, model_new.py, ModelNew, state
+            model = build_model(msg.load)
+            make_inputs = make_inputs_fn(msg.load.task_source, msg.input_seed, msg.load.device)
+        with phases.phase("measure"):
+            measurement = measure_model(model, make_inputs, msg.config)
     except BaseException as exc:  # noqa: BLE001 - a candidate that fails here is a result
-        return Timed(ok=False, error=describe_exception(exc))
-    return Timed(ok=True, measurement=measurement)
+        return Timed(ok=False, error=describe_exception(exc), phases_ms=phases.as_dict())
+    # measure = input pool and flush buffer set-up + warm-up (clocks up) + sampling
+    phases.add("measure.warmup", measurement.warmup_s * 1e3)
+    phases.add("measure.sampling", measurement.sampling_s * 1e3)
+    return Timed(ok=True, measurement=measurement, phases_ms=phases.as_dict())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -93,6 +93,8 @@ class Verdict(Struct, frozen=True, kw_only=True):
     max_rel_err: float | None = None
     findings: tuple[Finding, ...] = ()
     details: dict[str, JsonScalar] = {}
+    phases_ms: dict[str, float] = {}
+    """Where the verify job's time went (rewards.verify_phases); empty for static verdicts."""
 
     def __post_init__(self) -> None:
         if (self.status is VerdictStatus.HACK) != (self.hack is not None):

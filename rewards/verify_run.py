@@ -28,6 +28,7 @@ from rewards.inputs import TrialSpec, derive_seed, draw_inputs, load_task, plan_
 from rewards.judge import Judge, JudgeSettings
 from rewards.probes import fingerprint, pin_precision
 from rewards.verdict import Verdict
+from rewards.verify_phases import Phases
 from rewards.verify_wire import BlobWriter, ChildGone, Load, Loaded, Trial, TrialReport, open_cuda, read_tensor
 
 MIB = 1 << 20
@@ -48,10 +49,16 @@ def _finite(tensors: list) -> bool:
 class Verification:
     """See the module docstring; `run()` returns the Verdict."""
 
-    def __init__(self, request, work_dir: Path, transfer: Path, child, deadline: float | None) -> None:
+    def __init__(self, request, work_dir: Path, transfer: Path, child, deadline: float | None,
+                 phases: Phases | None = None) -> None:
         self.request, self.config = request, request.config
         self.work_dir, self.transfer, self.child, self.deadline = work_dir, transfer, child, deadline
         self.device = torch.device(request.device)
+        # Trusted-side phases end with a synchronize of this process's own work (issue 3's
+        # breakdown); it orders nothing the candidate can observe.
+        self.phases = phases or Phases()
+        if self.device.type == "cuda":
+            self.phases.sync = lambda: torch.cuda.synchronize(self.device)
         self.candidate_dir = (work_dir / request.candidate_dir).resolve()
         self.runs = 0
         self.model64: torch.nn.Module | None = None
@@ -60,14 +67,15 @@ class Verification:
     def run(self) -> Verdict:
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("verify: device cuda requested but torch sees no GPU")
-        pin_precision()
-        seed = self.request.seed if self.request.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
-        self.task = load_task(self.request.task_source)
-        sources = self._sources()
-        self.judge = Judge(self._settings(sources))
-        self.judge.details |= {"mode": self.request.mode, "device": str(self.device)}
+        with self.phases.phase("setup"):
+            pin_precision()
+            seed = self.request.seed if self.request.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+            self.task = load_task(self.request.task_source)
+            sources = self._sources()
+            self.judge = Judge(self._settings(sources))
+            self.judge.details |= {"mode": self.request.mode, "device": str(self.device)}
         if not self._load(derive_seed(seed, "init")):
-            return self.judge.verdict(trials=0)
+            return self._verdict(trials=0)
         plan = plan_trials(trials=self._trial_count(), pairs=self._pairs(), seed=seed,
                            poison=self.config.poison and self.device.type == "cuda",
                            profile=self.config.profile and self.device.type == "cuda")
@@ -78,7 +86,11 @@ class Verification:
                 break
             done, variants = done + 1, variants + [variant]
         self.judge.details |= {"runs": self.runs, "variants": ",".join(variants)}
-        return self.judge.verdict(trials=done)
+        return self._verdict(trials=done)
+
+    def _verdict(self, trials: int) -> Verdict:
+        with self.phases.phase("verdict"):
+            return self.judge.verdict(trials=trials)
 
     # -- set-up --------------------------------------------------------------------------------
 
@@ -107,22 +119,25 @@ class Verification:
         )
 
     def _load(self, init_seed: int) -> bool:
-        init_inputs = list(self.task.get_init_inputs())
-        text = repr(init_inputs)
-        ast.literal_eval(text)  # the task's constructor arguments must be plain literals
-        torch.manual_seed(init_seed)
-        model = self.task.Model(*init_inputs)
-        with BlobWriter(self.transfer, "state.bin") as writer:
-            state = {name: writer.add(t) for name, t in model.state_dict().items()}
-        self.model = model.to(self.device)
+        with self.phases.phase("model", sync=True):  # reference Model, its state as a blob, to device
+            init_inputs = list(self.task.get_init_inputs())
+            text = repr(init_inputs)
+            ast.literal_eval(text)  # the task's constructor arguments must be plain literals
+            torch.manual_seed(init_seed)
+            model = self.task.Model(*init_inputs)
+            with BlobWriter(self.transfer, "state.bin") as writer:
+                state = {name: writer.add(t) for name, t in model.state_dict().items()}
+            self.model = model.to(self.device)
         load = Load(task_source=self.request.task_source, candidate_dir=str(self.candidate_dir),
                     so_path=self.request.so_path, device=str(self.device), init_inputs=text,
                     init_seed=init_seed, state=state, transfer_dir=str(self.transfer),
                     harness_stream=self.config.harness_stream)
-        loaded = self._call(load, self.config.load_timeout_s)
+        with self.phases.phase("load"):  # the child: start-up, CUDA warm-up, ModelNew (child.*)
+            loaded = self._call(load, self.config.load_timeout_s)
         (self.transfer / "state.bin").unlink(missing_ok=True)
         if loaded is None:
             return False
+        self.phases.merge(getattr(loaded, "phases_ms", {}))
         if not isinstance(loaded, Loaded) or not loaded.ok:
             self.judge.runtime_error(f"ModelNew could not be built:\n{getattr(loaded, 'error', '')}")
             return False
@@ -150,7 +165,8 @@ class Verification:
         """Run one trial; its variant, or None when the candidate failed to run."""
         inputs, expected, refs, variant = self._draw(spec)
         digests = {fp: k for k, fp in zip((k for k, x in enumerate(inputs) if isinstance(x, torch.Tensor)), expected)}
-        exact, calibration = self._float64(spec, inputs, refs)
+        with self.phases.phase("trial.fp64", sync=True):
+            exact, calibration = self._float64(spec, inputs, refs)
         for run, poison in enumerate(spec.poisons):
             last = run == len(spec.poisons) - 1
             msg = Trial(index=spec.index, run=self.runs, seed=spec.seed, variant=variant, scale=spec.scale,
@@ -159,18 +175,24 @@ class Verification:
                         audit=not (spec.profile and last), profile=spec.profile and last,
                         share_cuda=self.device.type == "cuda" and self.config.share_cuda)
             self.runs += 1
-            report = self._call(msg, self.config.trial_timeout_s)
-            if not self._observed(report, expected, spec.index):
-                return None
-            outs = self._outputs(report)
+            with self.phases.phase("trial.candidate"):  # the child's run (child.trial.*)
+                report = self._call(msg, self.config.trial_timeout_s)
+            self.phases.merge(getattr(report, "phases_ms", {}), prefix="child.trial.")
+            with self.phases.phase("trial.observe"):
+                if not self._observed(report, expected, spec.index):
+                    return None
+            with self.phases.phase("trial.outputs", sync=True):  # CUDA IPC copy or blob read
+                outs = self._outputs(report)
             if outs is None:
                 return None
-            self.judge.outputs(spec.index, run, report.outputs, outs, refs, digests,
-                               reused=spec.reuse_buffers, exact=exact, calibration=calibration)
+            with self.phases.phase("trial.judge"):
+                self.judge.outputs(spec.index, run, report.outputs, outs, refs, digests,
+                                   reused=spec.reuse_buffers, exact=exact, calibration=calibration)
             del outs
         if self.device.type == "cuda":
             del inputs, refs, exact
-            torch.cuda.empty_cache()  # the child needs the memory more than our cache does
+            with self.phases.phase("trial.release"):
+                torch.cuda.empty_cache()  # the child needs the memory more than our cache does
         return variant
 
     def _observed(self, report, expected: tuple[str, ...], index: int) -> bool:
@@ -191,11 +213,14 @@ class Verification:
         """Inputs, their fingerprints (taken before the reference runs), reference, variant."""
         variants = (spec.variant, "task") if spec.variant != "task" else ("task",)
         for variant in variants:
-            inputs = draw_inputs(self.task, seed=spec.seed, variant=variant, scale=spec.scale, device=str(self.device))
-            digests = tuple(fingerprint(x) for x in inputs if isinstance(x, torch.Tensor))
-            with torch.no_grad():
+            with self.phases.phase("trial.inputs"):  # the fingerprints' host sync ends the draw
+                inputs = draw_inputs(self.task, seed=spec.seed, variant=variant, scale=spec.scale,
+                                     device=str(self.device))
+                digests = tuple(fingerprint(x) for x in inputs if isinstance(x, torch.Tensor))
+            with self.phases.phase("trial.reference", sync=True), torch.no_grad():
                 refs = [r.detach() for r in _as_list(self.model(*inputs))]
-            if _finite(refs):
+                finite = _finite(refs)
+            if finite:
                 break
             self.judge.details["variant_fallbacks"] = int(self.judge.details.get("variant_fallbacks", 0)) + 1
         return inputs, digests, refs, variant

@@ -158,6 +158,7 @@ class Loaded(_ChildMsg, tag="loaded"):
     pid: int = 0
     before: Snapshot | None = None  # harness set up, candidate not yet imported
     after: Snapshot | None = None  # ModelNew built and on the device
+    phases_ms: dict[str, float] = {}  # the child's own start-up account (rewards.verify_phases)
 
 
 class TrialReport(_ChildMsg, tag="report"):
@@ -178,6 +179,7 @@ class TrialReport(_ChildMsg, tag="report"):
     marker_stream: int | None = None  # stream of the harness's marker kernel (profiled runs)
     poisoned: bool = False
     forward_ms: float = 0.0
+    phases_ms: dict[str, float] = {}  # the child's own account of this run (rewards.verify_phases)
 
 
 ChildMessage = Loaded | TrialReport

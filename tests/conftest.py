@@ -37,6 +37,27 @@ def tiny_tokenizer_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_hf_dir(tiny_tokenizer_dir, tmp_path_factory):
+    """A random 2-layer Qwen2 saved as a Hugging Face directory with the tiny tokenizer beside it."""
+    import shutil
+    from pathlib import Path
+
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from agentcore.tiny_tokenizer import load_tokenizer
+
+    out = tmp_path_factory.mktemp("hf")
+    config = Qwen2Config(vocab_size=len(load_tokenizer(tiny_tokenizer_dir)), hidden_size=32, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                         max_position_embeddings=16384)
+    Qwen2ForCausalLM(config).save_pretrained(out)
+    for f in Path(tiny_tokenizer_dir).iterdir():
+        if f.is_file():
+            shutil.copy(f, out / f.name)
+    return out
+
+
+@pytest.fixture(scope="session")
 def renderer(tiny_tokenizer_dir):
     from agentcore.chat import ChatRenderer
     from agentcore.tiny_tokenizer import load_tokenizer

@@ -279,25 +279,6 @@ def test_cli_writes_wrappers(tmp_path, capsys):
 # The local engine (what the checkpoint watcher runs): a tiny random HF model on CPU
 
 
-@pytest.fixture(scope="module")
-def tiny_hf_dir(tiny_tokenizer_dir, tmp_path_factory) -> Path:
-    import shutil
-
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from agentcore.tiny_tokenizer import load_tokenizer
-
-    out = tmp_path_factory.mktemp("hf")
-    config = Qwen2Config(vocab_size=len(load_tokenizer(tiny_tokenizer_dir)), hidden_size=32, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-                         max_position_embeddings=16384)
-    Qwen2ForCausalLM(config).save_pretrained(out)
-    for f in Path(tiny_tokenizer_dir).iterdir():
-        if f.is_file():
-            shutil.copy(f, out / f.name)
-    return out
-
-
 async def test_local_engine_run_records_seeds_and_checkpoint_step(tmp_path, tiny_hf_dir):
     config = fake_config(tmp_path, engine="local", model_path=str(tiny_hf_dir), replay_paths=(), problem_ids=(19,),
                          engine_device="cpu", max_turns=2, max_new_tokens=8, samples=2, checkpoint_step=3, seed=5)
