@@ -38,8 +38,11 @@ import os
 import random
 import re
 import shutil
+import threading
+import time
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +58,9 @@ from rl.fsdp import full_state_items, hf_submodule
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _EXPORT_BUCKET_BYTES = 256 << 20
+# DCP writer threads per rank: one thread serialises ~0.5-1 GB/s, and a 0.5B actor + critic with
+# AdamW is ~12 GB. DCP's own per-file fsync is off: `_publish` fsyncs every file once, in parallel.
+_IO_THREADS = max(1, min(4, os.cpu_count() or 1))
 
 
 def save(
@@ -67,12 +73,16 @@ def save(
     critic_opt: torch.optim.Optimizer | None = None,
     extra: dict[str, Any] | None = None,
     keep: int = 3,
+    timings: dict[str, float] | None = None,
 ) -> Path:
     """Write checkpoint `step` atomically, point `latest` at it and keep the newest `keep`.
 
     `extra` must be JSON-serialisable. A checkpoint of the same step that already exists is
-    replaced. Returns the checkpoint directory.
+    replaced. `timings`, when given, receives this rank's seconds per part (state_dict,
+    dcp_write, rng, fsync, commit, prune; `bench/checkpoint.py` prints them). Returns the
+    checkpoint directory.
     """
+    clock = _Clock(timings)
     root = Path(run_dir) / "ckpt"
     final = root / f"step_{step:06d}"
     tmp = final.with_name(final.name + ".tmp")
@@ -80,15 +90,25 @@ def save(
         shutil.rmtree(tmp, ignore_errors=True)
         (tmp / "rng").mkdir(parents=True)
     _barrier()
+    state = _state(actor, critic, actor_opt, critic_opt)
+    clock.lap("state_dict")
     with _single_process_quiet():
-        dcp.save(_state(actor, critic, actor_opt, critic_opt), checkpoint_id=tmp / "state", no_dist=_world_size() == 1)
+        writer = dcp.FileSystemWriter(tmp / "state", thread_count=_IO_THREADS, sync_files=False)
+        dcp.save(state, storage_writer=writer, no_dist=_world_size() == 1)
+    del state
+    clock.lap("dcp_write")
     _write_atomic(tmp / "rng" / f"rank_{_rank():05d}.pt", _rng_bytes())
+    clock.lap("rng")
     _barrier()
     if _rank() == 0:
         meta = {"step": step, "world_size": _world_size(), "extra": extra or {}}
         _write_atomic(tmp / "meta.json", orjson.dumps(meta))
+        _fsync_tree(tmp)  # every rank's files: durable bytes before the rename publishes them
+        clock.lap("fsync")
         _publish(tmp, final)
+        clock.lap("commit")
         _prune(root, keep)
+        clock.lap("prune")
     _barrier()
     return final
 
@@ -171,24 +191,25 @@ def export_hf(
     *,
     dtype: torch.dtype = torch.bfloat16,
     max_shard_size: str = "5GB",
+    timings: dict[str, float] | None = None,
 ) -> Path:
     """Write the actor's HF model as a standalone Hugging Face directory; a collective.
 
     `tokenizer` is a tokenizer or a local tokenizer directory; `dtype` is the dtype the weights
     are stored in and the one `config.json` declares (SGLang serves bf16). The directory is
     assembled under `out_dir.tmp` and renamed into place, so a reader never sees half of it.
-    Every rank gathers; rank 0 writes. Returns `out_dir`.
+    Every rank gathers; rank 0 writes. `timings` receives seconds per part (export_gather,
+    export_write, export_tokenizer, export_commit). Returns `out_dir`.
     """
     from transformers import AutoModelForCausalLM
 
+    clock = _Clock(timings)
     out_dir = Path(out_dir)
     _, hf = hf_submodule(actor)
     if hf is None:
         raise ValueError("export_hf: the actor holds no transformers PreTrainedModel")
-    state: dict[str, torch.Tensor] = {}
-    for bucket in full_state_items(actor, _EXPORT_BUCKET_BYTES, dtype=dtype):
-        if _rank() == 0:
-            state.update((name, t.to("cpu", copy=True)) for name, t in bucket)
+    state = _gather_cpu(actor, dtype)
+    clock.lap("export_gather")
     if _rank() == 0:
         config = copy.deepcopy(hf.config)
         config.dtype = dtype
@@ -199,10 +220,23 @@ def export_hf(
         tmp = out_dir.with_name(out_dir.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         model.save_pretrained(tmp, state_dict=state, max_shard_size=max_shard_size)
+        clock.lap("export_write")
         _tokenizer(tokenizer).save_pretrained(tmp)
+        clock.lap("export_tokenizer")
         _replace_dir(tmp, out_dir)
+        clock.lap("export_commit")
     _barrier()
     return out_dir
+
+
+def _gather_cpu(actor: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The actor's full HF state on CPU (rank 0; empty elsewhere), one copy per name: tied
+    embeddings and lm_head are both stored (readers such as `bench --watch` expect every name)."""
+    state: dict[str, torch.Tensor] = {}
+    for bucket in full_state_items(actor, _EXPORT_BUCKET_BYTES, dtype=dtype):
+        if _rank() == 0:
+            state.update((name, t.to("cpu", copy=True)) for name, t in bucket)
+    return state
 
 
 def _check_names(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
@@ -263,8 +297,7 @@ def _set_rng(state: dict[str, Any]) -> None:
 
 
 def _publish(tmp: Path, final: Path) -> None:
-    """Rename a complete `.tmp` directory into place, then point `latest` at it."""
-    _fsync_tree(tmp)
+    """Rename a complete, fsynced `.tmp` directory into place, then point `latest` at it."""
     _replace_dir(tmp, final)
     _write_atomic(final.parent / "latest", final.name.encode())
 
@@ -281,19 +314,30 @@ def _replace_dir(src: Path, dst: Path) -> None:
 
 
 def _prune(root: Path, keep: int) -> None:
-    """Delete all but the newest `keep` complete checkpoints (keep <= 0: keep all)."""
+    """Drop all but the newest `keep` complete checkpoints (keep <= 0: keep all).
+
+    Each is renamed to `step_N.del` (instant, and no longer a complete step), then deleted in
+    a background thread: removing GBs of shards took seconds of the save. A kill leaves the
+    `.del` directory, which the next load removes."""
     if keep <= 0:
         return
     latest = latest_dir(root.parent)
     for _, path in _complete_steps(root)[:-keep]:
         if path != latest:
-            shutil.rmtree(path, ignore_errors=True)
+            _remove_later(path)
+
+
+def _remove_later(path: Path) -> None:
+    doomed = path.with_name(path.name + ".del")
+    shutil.rmtree(doomed, ignore_errors=True)
+    os.replace(path, doomed)
+    threading.Thread(target=shutil.rmtree, args=(doomed, True), name="ckpt-prune", daemon=True).start()
 
 
 def _clean(root: Path) -> None:
-    """Remove what killed saves left: torn `.tmp` directories, and `.old` ones moved aside
+    """Remove what killed saves left: torn `.tmp` directories, pruned `.del` ones, and `.old` ones moved aside
     (an `.old` whose replacement never arrived is moved back instead)."""
-    for torn in root.glob("*.tmp"):
+    for torn in [*root.glob("*.tmp"), *root.glob("*.del")]:
         shutil.rmtree(torn, ignore_errors=True)
     for old in root.glob("*.old"):
         target = old.with_name(old.name.removesuffix(".old"))
@@ -324,23 +368,43 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def _fsync_tree(path: Path) -> None:
-    """Flush every file and directory under `path`, so the rename publishes durable bytes."""
-    for dirpath, _, files in os.walk(path):
-        for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(Path(dirpath))
+    """Flush every file and directory under `path`, so the rename publishes durable bytes.
+
+    Files are flushed in parallel: each fsync waits on the device, and the shards of one save
+    are many GB (a directory fsync alone would not flush the files' data)."""
+    files, dirs = [], []
+    for dirpath, _, names in os.walk(path):
+        files += [os.path.join(dirpath, name) for name in names]
+        dirs.append(dirpath)
+    with ThreadPoolExecutor(max_workers=_IO_THREADS) as pool:
+        list(pool.map(_fsync_path, files))
+    for d in dirs:
+        _fsync_path(d)
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync_path(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    _fsync_path(str(path))
+
+
+class _Clock:
+    """Seconds between laps, added into `timings` under each lap's name (nothing when None)."""
+
+    def __init__(self, timings: dict[str, float] | None) -> None:
+        self.timings, self.t = timings, time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        if self.timings is not None:
+            self.timings[name] = self.timings.get(name, 0.0) + now - self.t
+        self.t = now
 
 
 @contextlib.contextmanager

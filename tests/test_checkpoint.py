@@ -147,6 +147,7 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path):
     for step in range(1, 6):
         checkpoint.save(tmp_path, step, actor=actor, critic=critic, keep=2)
     names = sorted(p.name for p in (tmp_path / "ckpt").iterdir() if not p.name.startswith("."))
+    names = [n for n in names if not n.endswith(".del")]  # pruned ones still being deleted in the background
     assert names == ["latest", "step_000004", "step_000005"]
     assert (tmp_path / "ckpt" / "latest").read_text() == "step_000005"
 
@@ -162,6 +163,37 @@ def test_saving_a_step_again_replaces_it(tmp_path):
     fresh_actor, fresh_critic, *_ = _setup()
     assert checkpoint.load_latest(tmp_path, actor=fresh_actor, critic=fresh_critic) == (1, {"v": 2})
     _assert_states_equal(_params(fresh_actor, fresh_critic), want)
+
+
+def test_a_pruned_checkpoint_is_not_complete_and_load_removes_it(tmp_path, monkeypatch):
+    from rl import checkpoint
+
+    actor, critic, *_ = _setup()
+    checkpoint.save(tmp_path, 1, actor=actor, critic=critic)
+    checkpoint.save(tmp_path, 2, actor=actor, critic=critic)
+    root = tmp_path / "ckpt"
+    (root / "latest").unlink()  # the scan, not the pointer, must skip the pruned one
+    # a kill after the renames, before the background deletes
+    monkeypatch.setattr(checkpoint, "_remove_later", lambda path: os.replace(path, path.with_name(path.name + ".del")))
+    checkpoint.save(tmp_path, 3, actor=actor, critic=critic, keep=1)
+    (root / "latest").unlink()
+    (root / "step_000003").rename(root / "step_000003.tmp")  # leave only torn and pruned ones
+    assert sorted(p.name for p in root.glob("*.del")) == ["step_000001.del", "step_000002.del"]
+    assert checkpoint.latest_dir(tmp_path) is None
+    assert checkpoint.load_latest(tmp_path, actor=actor, critic=critic) is None
+    assert not list(root.glob("*.del")) and not list(root.glob("*.tmp"))
+
+
+def test_save_and_export_report_seconds_per_part(tmp_path, tiny_tokenizer_dir, tokenizer_vocab):
+    from rl import checkpoint
+
+    actor, critic, a_opt, c_opt = _setup(tokenizer_vocab)
+    parts: dict[str, float] = {}
+    checkpoint.save(tmp_path, 1, actor=actor, critic=critic, actor_opt=a_opt, critic_opt=c_opt, timings=parts)
+    checkpoint.export_hf(actor, tiny_tokenizer_dir, tmp_path / "hf", timings=parts)
+    want = {"state_dict", "dcp_write", "rng", "fsync", "commit", "prune",
+            "export_gather", "export_write", "export_tokenizer", "export_commit"}
+    assert set(parts) == want and all(v >= 0 for v in parts.values())
 
 
 # ---------------------------------------------------------------------------------------------
