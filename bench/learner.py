@@ -136,7 +136,7 @@ def update_flops(hf_cfg: dict, samples: list[Sample]) -> float:
 
 def build(
     size: str, d: Dist, ac: bool, attn: str, compile_head: bool = True, reshard: bool = True, compile_layers: bool = False,
-    ac_every: int = 1,
+    ac_every: int = 1, fused_adam: bool = False,
 ) -> tuple:
     """Actor and critic, sharded, with AdamW; the models are created on the device directly."""
     cfg = ModelConfig(
@@ -151,14 +151,15 @@ def build(
         if ac:
             apply_activation_checkpointing(module, every_kth(layers(module), ac_every))
         shard(module, layers=layers(module), reshard_after_forward=reshard)
-    opts = [torch.optim.AdamW(m.parameters(), lr=1e-6, betas=(0.9, 0.95)) for m in (actor, critic)]
+    fused = {"fused": True} if fused_adam else {}  # one kernel per step instead of foreach launches
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-6, betas=(0.9, 0.95), **fused) for m in (actor, critic)]
     return actor, critic, *opts, params
 
 
 def run_one(size: str, tokens: int, args: argparse.Namespace, d: Dist) -> dict:
     """Warm up, then time `args.steps` PPO updates; one result row (global figures)."""
     hf_cfg = model_config(size)
-    actor, critic, actor_opt, critic_opt, params = build(size, d, not args.no_ac, args.attn, not args.no_compile_head, not args.no_reshard, args.compile_blocks, args.ac_every)
+    actor, critic, actor_opt, critic_opt, params = build(size, d, not args.no_ac, args.attn, not args.no_compile_head, not args.no_reshard, args.compile_blocks, args.ac_every, args.fused_adam)
     rng = random.Random(args.seed * 1000 + d.rank)
     cfg = PPOConfig(token_budget=tokens)
     batches = [
@@ -193,6 +194,7 @@ def run_one(size: str, tokens: int, args: argparse.Namespace, d: Dist) -> dict:
         "world_size": d.world_size,
         "activation_checkpointing": not args.no_ac,
         "checkpoint_every": args.ac_every,
+        "fused_adam": args.fused_adam,
         "attn": args.attn,
         "compile_head": not args.no_compile_head,
         "reshard_after_forward": not args.no_reshard,
@@ -270,6 +272,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="untimed updates first (compilation, allocator)")
     p.add_argument("--no-ac", action="store_true", help="no activation checkpointing")
     p.add_argument("--ac-every", type=int, default=1, help="checkpoint every k-th decoder layer (1: all)")
+    p.add_argument("--fused-adam", action="store_true", help="AdamW(fused=True) for actor and critic")
     p.add_argument("--no-compile-head", action="store_true", help="eager log-softmax/entropy over the LM head chunks")
     p.add_argument("--compile-blocks", action="store_true", help="torch.compile each decoder block's forward")
     p.add_argument("--no-reshard", action="store_true", help="keep gathered bf16 weights between forward and backward")
