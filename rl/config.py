@@ -75,6 +75,10 @@ class EngineSection(Struct, frozen=True, kw_only=True):
     """The embedded engine of each rank."""
     family: str = "hermes"
     """Tool-call format of the chat template."""
+    release_during_training: bool = True
+    """Engines colocated with the learner (embedded, or SGLang under weight_sync.mode=sglang_tensor)
+    free their GPU memory for each update and get it back with the new weights; only when strictly
+    on-policy (max_staleness=0: otherwise the next step's rollouts are generating meanwhile)."""
 
 
 class DataConfig(Struct, frozen=True, kw_only=True):

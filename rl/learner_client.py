@@ -159,10 +159,13 @@ class LearnerGroup:
         answer = await self._post_all("/learner/load", {"run_dir": str(source or self.run_dir)})
         return (answer["step"], answer["extra"]) if answer.get("found") else None
 
-    async def release(self) -> None:
-        await self._post_all("/learner/release", {})
+    async def release(self, *, weights: bool = False) -> None:
+        """Colocated engines free their memory for training: KV cache (and CUDA graphs); with
+        `weights` a colocated SGLang server frees its weights too (the next sync restores them)."""
+        await self._post_all("/learner/release", {"weights": weights})
 
     async def resume(self) -> None:
+        """Give back whatever `release` freed and the weight sync did not restore."""
         await self._post_all("/learner/resume", {})
 
     async def info(self) -> dict[str, Any]:

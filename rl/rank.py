@@ -10,7 +10,8 @@ real SGLang server) and the learner commands under `/learner/`:
                                               (sglang_tensor: -> its colocated SGLang server)
   POST /learner/save     {step, extra, export} checkpoint (collective), HF export on rank 0
   POST /learner/load     {run_dir}            restore the latest checkpoint of run_dir
-  POST /learner/release | /learner/resume     free / restore the engine's memory around training
+  POST /learner/release {weights}             free the colocated engine's memory for training
+  POST /learner/resume  {}                    restore what release freed and the sync did not
   GET  /learner/info                          rank, world size, device, version
   POST /learner/shutdown                      stop serving and exit
 Commands are collectives: the driver sends each to every rank, and they run one at a time in a
@@ -20,6 +21,11 @@ rank r publish to `engine.urls[r]` (the server colocated on its GPU) through
 `rl.weight_sync.sync_tensor` - the rank owns the gathered bf16 buckets, so the server opens their
 CUDA IPC handles while the rank keeps them alive (on CPU the tensors go by value); any other mode
 exports the actor to RUN/weights/vN for the driver's `update_weights_from_disk`.
+Memory release (`engine.release_during_training`): the embedded engine frees its KV cache; the
+colocated SGLang server is paused and frees KV cache and CUDA graphs, and with `weights` (a sync
+follows) its weights, which the next `sync_tensor(..., released=True)` brings back before the
+buckets, the rest after them. `resume` restores what is still released (after a value step, or
+after a failure, so a `--resume`d run finds the server whole) and continues generation.
 What it is not: the driver (`rl/learner_client.py`) or the update math (`rl/update.py`).
 """
 
@@ -47,6 +53,8 @@ from rl.engine.server import EngineServer, EngineServerConfig
 from rl.fsdp import Dist, close_distributed, full_state_items, init_distributed
 from rl.learner import Learner, decode_samples
 from rl.models import hf_model
+from rl.weight_sync import release as release_server
+from rl.weight_sync import resume as resume_server
 from rl.weight_sync import sync_tensor
 
 log = logging.getLogger("cuda-agent.rank")
@@ -61,6 +69,7 @@ class Rank:
         self.stop = anyio.Event()
         self.server: SGLangClient | None = None  # sglang_tensor: this rank's colocated server
         self.server_tp_size = 0  # its TP ranks, read from /get_server_info at the first sync
+        self.server_released: set[str] = set()  # memory tags the server freed, not yet restored
 
     async def _in_thread(self, fn: Callable[[], Any]) -> Any:
         return await anyio.to_thread.run_sync(fn, limiter=self.commands)
@@ -97,7 +106,11 @@ class Rank:
                     await anyio.to_thread.run_sync(self._drain, buckets)
                     raise
                 self.server_tp_size = max(1, int(info.raw.get("tp_size") or 1))
-            report = await sync_tensor(self.server, buckets, version, ws, tp_size=self.server_tp_size)
+            released = "weights" in self.server_released
+            report = await sync_tensor(self.server, buckets, version, ws, released=released,
+                                       tp_size=self.server_tp_size)
+            if released:  # restored by the sync: weights before the buckets, KV cache after
+                self.server_released.clear()
         self.learner.version = version
         return {"metrics": {"version": version, "weight_sync_s": report.seconds,
                             "weight_sync_bytes": float(report.bytes), "weight_sync_buckets": report.buckets}}
@@ -148,12 +161,32 @@ class Rank:
     async def release(self, body: dict) -> dict:
         if self.engine is not None:
             await self.engine.release_memory(["kv_cache"])
+        if self.server is None:
+            return {}
+        tags = ["weights"] * bool(body.get("weights")) + ["kv_cache", "cuda_graph"]
+        self.server_released |= set(tags)  # first: a half-done release is undone by resume
+        try:
+            await release_server(self.server, self.cfg.weight_sync, tags)
+        except Exception as exc:
+            raise RuntimeError(f"{self._who()}: releasing memory {tags} failed: {exc}") from exc
         return {}
 
     async def resume(self, body: dict) -> dict:
         if self.engine is not None:
             await self.engine.resume_memory(["kv_cache"])
+        if self.server is None or not self.server_released:
+            return {}
+        tags = sorted(self.server_released)
+        try:
+            await resume_server(self.server, tags)
+            await self.server.continue_generation()  # release left it paused
+        except Exception as exc:
+            raise RuntimeError(f"{self._who()}: resuming memory {tags} failed: {exc}") from exc
+        self.server_released.clear()
         return {}
+
+    def _who(self) -> str:
+        return f"learner rank {self.dist.rank}, SGLang server {self.server.base_url}"
 
     async def info(self, body: dict) -> dict:
         d = self.dist

@@ -13,6 +13,14 @@ the global step counter through the plan:
 Resume: the data position is the global step (tasks for a step are a deterministic function of
 the seed and the step), rollouts of a step live in `rollouts/<stage>_<step>.jsonl` (a restarted
 step keeps its finished trajectories), and checkpoints record the next step to run.
+
+Memory: with `engine.release_during_training` and strictly on-policy, an update of engines
+colocated with the learner runs as release -> train -> weight sync (a colocated SGLang server
+gets its weights back before the buckets, its KV cache after) -> resume (the embedded engine's
+KV cache; whatever a value step, which syncs nothing, released). `time/release_s` and
+`time/resume_s` go into the step's metrics (a colocated SGLang server's restore after a weight
+sync is inside `time/weight_sync_s`). A failed release, update or sync still resumes, so the
+engines are whole for `--resume`.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -32,6 +41,7 @@ from agentcore.tasks import load_tasks
 from agentcore.types import Status, Task, Trajectory
 from rl.config import TrainConfig
 from rl.demonstrations import demo_engine, demo_tasks
+from rl.learner_client import LearnerError
 from rl.metrics import ProgressBar, step_metrics
 from rl.run import Run
 from rl.samples import Sample, sample_from_trajectory
@@ -126,10 +136,10 @@ async def ppo_step(run: Run, tasks: list[Task], g: int, k: int, *, single_turn: 
 
     async def update() -> None:
         nonlocal train, sync
-        train = await run.learner.step("ppo", samples, step=g) if samples else {}
-        times["time/train_s"] = time.perf_counter() - t1
-        sync = await run.sync_weights() if samples else {}
-        times["time/weight_sync_s"] = time.perf_counter() - t1 - times["time/train_s"]
+        if samples:
+            train, sync = await _update(run, "ppo", samples, g, times)
+        else:
+            times["time/train_s"] = times["time/weight_sync_s"] = 0.0
 
     async def prefetch() -> None:
         run.prefetched[g + 1] = await _step_rollouts(run, tasks, g + 1, single_turn)
@@ -164,24 +174,85 @@ async def rft_step(run: Run, tasks: list[Task], g: int, k: int) -> dict:
     if not kept:
         raise SystemExit("rejection fine-tuning: no trajectory with reward > 0 to learn from")
     batch = _cyclic(kept, k, run.cfg.data.tasks_per_step * run.cfg.data.samples_per_task)
-    t0 = time.perf_counter()
-    train = await run.learner.step("sft", batch, step=g)
-    sync = await run.sync_weights()
+    times: dict[str, float] = {}
+    train, sync = await _update(run, "sft", batch, g, times)
     run.version = int(sync.get("version", run.version))
-    return {f"train/{k_}": v for k_, v in train.items()} | _sync(sync) | {
-        "time/train_s": time.perf_counter() - t0, "rft/kept": len(kept)} | (run.collect_metrics if first else {})
+    return {f"train/{k_}": v for k_, v in train.items()} | _sync(sync) | times | {
+        "rft/kept": len(kept)} | (run.collect_metrics if first else {})
 
 
 async def value_step(run: Run, tasks: list[Task], g: int, k: int) -> dict:
     pool = await _collected(run, tasks, "value", select=False)
     batch = _cyclic(pool, k, run.cfg.data.tasks_per_step * run.cfg.data.samples_per_task)
-    t0 = time.perf_counter()
-    train = await run.learner.step("value", batch, step=g)
-    return {f"train/{k_}": v for k_, v in train.items()} | {"time/train_s": time.perf_counter() - t0}
+    times: dict[str, float] = {}
+    train, _ = await _update(run, "value", batch, g, times, sync=False)
+    return {f"train/{k_}": v for k_, v in train.items()} | times
 
 
 STAGE_INDEX = {"single_turn": 0, "rft": 1, "value": 2, "ppo": 3}
 STEPS = {"ppo": ppo_step, "single_turn": single_turn_step, "rft": rft_step, "value": value_step}
+
+
+# -- one learner update, with the colocated engines' memory released around it ---------------------
+
+
+def releases_memory(cfg: TrainConfig) -> bool:
+    """Whether updates free the engines' memory: switched on, engines on the learner's GPUs, and
+    strictly on-policy (under `max_staleness > 0` the next rollouts generate during training)."""
+    colocated = cfg.engine.kind == "embedded" or cfg.weight_sync.mode == "sglang_tensor"
+    return cfg.engine.release_during_training and colocated and cfg.max_staleness == 0
+
+
+async def _update(run: Run, kind: str, samples: list[Sample], g: int, times: dict[str, float], *,
+                  sync: bool = True) -> tuple[dict, dict]:
+    """learner.step, then (with `sync`) the weight push; fills `times` (train, sync, release,
+    resume seconds) and returns (train metrics, sync metrics)."""
+    pushed: dict = {}
+    async with _released(run, times, weights=sync):
+        t0 = time.perf_counter()
+        train = await run.learner.step(kind, samples, step=g)
+        times["time/train_s"] = time.perf_counter() - t0
+        if sync:
+            pushed = await run.sync_weights()
+            times["time/weight_sync_s"] = time.perf_counter() - t0 - times["time/train_s"]
+    return train, pushed
+
+
+@asynccontextmanager
+async def _released(run: Run, times: dict[str, float], *, weights: bool):
+    """Release the colocated engines' memory for the block, resume it after. A failure inside
+    (or of the release itself) still resumes, shielded and best-effort, so the servers are whole
+    for `--resume`; the original error is the one raised."""
+    if not releases_memory(run.cfg):
+        yield
+        return
+    t0 = time.perf_counter()
+    try:
+        await _checked("releasing the engines' memory before training", run.learner.release(weights=weights))
+        times["time/release_s"] = time.perf_counter() - t0
+        yield
+    except BaseException:
+        await _resume_quietly(run)
+        raise
+    t0 = time.perf_counter()
+    await _checked("restoring the engines' memory after training", run.learner.resume())
+    times["time/resume_s"] = time.perf_counter() - t0
+
+
+async def _checked(what: str, command) -> None:
+    try:
+        await command
+    except LearnerError as exc:
+        raise LearnerError(f"{what} failed; checkpoints and stored trajectories are intact, so "
+                           f"`cuda-agent train --resume` redoes this step: {exc}") from exc
+
+
+async def _resume_quietly(run: Run) -> None:
+    with anyio.CancelScope(shield=True), anyio.move_on_after(run.cfg.weight_sync.cleanup_timeout_s):
+        try:
+            await run.learner.resume()
+        except LearnerError as exc:
+            log.error("could not restore the engines' memory after a failed update: %s", exc)
 
 
 # -- helpers ----------------------------------------------------------------------------------------
@@ -253,4 +324,4 @@ def _brief(row: dict) -> str:
     return " ".join(f"{k.split('/')[-1]}={row[k]:.3g}" for k in keys if isinstance(row.get(k), (int, float)))
 
 
-__all__ = ["collection_tasks", "stage_plan", "train", "tasks_for_step"]
+__all__ = ["collection_tasks", "releases_memory", "stage_plan", "train", "tasks_for_step"]

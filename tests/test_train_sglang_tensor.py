@@ -5,7 +5,11 @@ slime/verl order (pause, flush, buckets, flush, continue), the weight version on
 The learner rank runs on CPU, so the tensors travel by value (no CUDA IPC); the fake SGLang
 server on loopback decodes every payload as SGLang's restricted unpickler would and checks the
 names, shapes and dtypes against the model. A failing server stops the run with an error naming
-it, and `--resume` (a second `run_training` on the same run directory) loses nothing. The CUDA
+it, and `--resume` (a second `run_training` on the same run directory) loses nothing. Strictly
+on-policy the server is colocated, so each update runs release (pause, flush, free weights, KV
+cache and CUDA graphs) -> train -> weights back -> buckets -> KV cache back -> continue; the fake
+refuses a tensor update into freed weights and records any generation while memory is freed,
+and a failed release or sync leaves the server whole for `--resume`. The CUDA
 IPC path is the same run with the learner rank on the GPU (the `gpu` test at the end): this
 test process then opens the rank's handles, by GPU UUID as SGLang does."""
 
@@ -64,7 +68,10 @@ class TensorServer(FakeSGLangServer):
     """The fake, plus a model's worth of checking on `/update_weights_from_tensor`: each payload
     is decoded; the bucket carrying `weight_version` closes a publication, which must have held
     exactly the `expected` names with their shapes and dtypes (else HTTP 400, as SGLang answers
-    a failed load). `fail_from` makes every tensor update from that publication on answer 500."""
+    a failed load). `fail_from` makes every tensor update from that publication on answer 500,
+    `fail_release_from` every memory release from that one on (counting from 0).
+    Memory calls are recorded with their tags; an update into freed weights answers 400 and a
+    generation request while memory is freed is recorded in `violations`."""
 
     def __init__(self, expected: dict[str, tuple[tuple[int, ...], torch.dtype]], **kw: Any) -> None:
         super().__init__(**kw)
@@ -76,11 +83,20 @@ class TensorServer(FakeSGLangServer):
         self.buckets = 0
         self.calls: list[str] = []
         self.fail_from: int | None = None
+        self.fail_release_from: int | None = None
+        self.releases = 0
+        self.violations: list[str] = []
 
     async def _dispatch(self, method: str, path: str, body: bytes) -> tuple[int, Any]:
+        if path in ("/release_memory_occupation", "/resume_memory_occupation"):
+            return await self._memory(path, orjson.loads(body))
         self.calls.append(path)
+        if path == "/generate" and self.released_tags:
+            self.violations.append(f"generate with {sorted(self.released_tags)} released")
         if path != "/update_weights_from_tensor":
             return await super()._dispatch(method, path, body)
+        if "weights" in self.released_tags:
+            return 400, {"success": False, "message": "weights are released"}
         if self.fail_from is not None and len(self.published) >= self.fail_from:
             return 500, {"error": {"message": "CUDA error: out of memory (injected)"}}
         data = orjson.loads(body)
@@ -88,6 +104,14 @@ class TensorServer(FakeSGLangServer):
         if problem:
             return 400, {"success": False, "message": problem}
         return await super()._dispatch(method, path, body)
+
+    async def _memory(self, path: str, data: dict[str, Any]) -> tuple[int, Any]:
+        self.calls.append(f"{path} {','.join(sorted(data.get('tags') or ['all']))}")
+        if path == "/release_memory_occupation":
+            self.releases += 1
+            if self.fail_release_from is not None and self.releases > self.fail_release_from:
+                return 500, {"error": {"message": "release failed (injected)"}}
+        return await super()._dispatch("POST", path, orjson.dumps(data))
 
     def _load(self, data: dict[str, Any]) -> str | None:
         entries = data["serialized_named_tensors"]
@@ -135,6 +159,13 @@ def publication_order(calls: list[str]) -> list[str]:
     return out
 
 
+RELEASED_UPDATE = [  # one update with the colocated server's memory released for training
+    "/pause_generation", "/flush_cache", "/release_memory_occupation cuda_graph,kv_cache,weights",
+    "/pause_generation", "/resume_memory_occupation weights", "/flush_cache", "/update_weights_from_tensor",
+    "/flush_cache", "/resume_memory_occupation cuda_graph,kv_cache", "/continue_generation", "/get_weight_version",
+]  # fmt: skip
+
+
 def trajectories(run_dir: Path, tag: str) -> list[dict]:
     return [orjson.loads(line) for line in (run_dir / "rollouts" / f"{tag}.jsonl").read_bytes().splitlines()]
 
@@ -164,7 +195,9 @@ def check_publications(tmp_path: Path, fake: TensorServer, rows: list[dict]) -> 
     assert fake.weight_version == "2"
     one = ["/pause_generation", "/flush_cache", "/update_weights_from_tensor", "/flush_cache",
            "/continue_generation", "/get_weight_version"]  # fmt: skip
-    assert publication_order(fake.calls) == one * 3
+    assert publication_order(fake.calls) == one + RELEASED_UPDATE * 2  # initial sync: nothing freed
+    assert fake.released_tags == set() and fake.violations == []
+    assert all(r["time/release_s"] >= 0.0 and r["time/resume_s"] >= 0.0 for r in rows)
     assert {t["weight_version_min"] for t in trajectories(tmp_path / "run", "ppo_000001")} == {1}
     assert not (tmp_path / "run" / "weights").exists()  # nothing went through the disk
     assert rows[-1]["sync/weight_sync_bytes"] == sum(
@@ -183,7 +216,8 @@ async def test_a_failing_server_stops_the_run_clearly_and_resume_loses_nothing(t
         message = _leaf_message(failed.value)
         assert "weight sync of version 2" in message and fake.url in message and "500" in message
         assert "--resume" in message
-        assert fake.calls[-1] == "/continue_generation"  # the server was not left paused
+        assert fake.calls[-2:] == ["/resume_memory_occupation cuda_graph,kv_cache,weights", "/continue_generation"]
+        assert fake.released_tags == set()  # the server was left whole and not paused
         generated = len(fake.generate_requests)
 
         fake.fail_from = None
@@ -194,6 +228,60 @@ async def test_a_failing_server_stops_the_run_clearly_and_resume_loses_nothing(t
     steps = [orjson.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_bytes().splitlines()]
     assert steps == [0, 1]  # each step recorded once
     assert [v for v, _, _ in fake.published] == ["0", "1", "1", "2"]  # resume republishes the checkpoint
+
+
+async def test_a_failed_release_names_rank_and_server_and_resume_loses_nothing(tmp_path):
+    reply = tiny_reply(tmp_path)
+    cfg = config(tmp_path, "http://x")
+    async with TensorServer(model_tensors(cfg), policy=lambda ids: reply) as fake:
+        cfg = config(tmp_path, fake.url)
+        fake.fail_release_from = 1  # step 0 trains; the release before step 1's update fails
+        with anyio.fail_after(BOUND_S), pytest.raises(BaseException) as failed:
+            await run_training(cfg)
+        message = _leaf_message(failed.value)
+        assert "releasing the engines' memory before training failed" in message and "--resume" in message
+        assert f"learner rank 0, SGLang server {fake.url}" in message and "injected" in message
+        assert fake.released_tags == set() and fake.calls[-1] == "/continue_generation"
+        generated = len(fake.generate_requests)
+
+        fake.fail_release_from = None
+        with anyio.fail_after(BOUND_S):
+            rows = await run_training(cfg)
+        assert len(fake.generate_requests) == generated  # step 1 reused its stored trajectories
+        assert fake.released_tags == set() and fake.violations == []
+    assert [r["step"] for r in rows] == [1]
+    assert [v for v, _, _ in fake.published] == ["0", "1", "1", "2"]
+
+
+def test_a_value_step_keeps_the_server_weights_and_resumes_the_rest():
+    """No weight sync follows a value step, so the server keeps its weights (SGLang drops freed
+    weights), and the driver's resume brings back the KV cache and continues generation."""
+    from rl.rank import Rank
+
+    class Server:
+        base_url = "http://fake"
+
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, Any]] = []
+
+        def __getattr__(self, name: str):
+            async def call(*args: Any) -> bool:
+                self.calls.append((name, *args))
+                return True
+            return call
+
+    rank = Rank(config(Path("/nonexistent"), "http://fake"), Path("/nonexistent"), None, None, None)
+    rank.server = server = Server()
+
+    async def steps() -> None:
+        await rank.release({"weights": False})
+        await rank.resume({})
+        await rank.resume({})  # nothing left to restore: no call
+
+    anyio.run(steps)
+    assert server.calls == [("pause_generation", "abort"), ("flush_cache",),
+                            ("release_memory_occupation", ["kv_cache", "cuda_graph"]),
+                            ("resume_memory_occupation", ["cuda_graph", "kv_cache"]), ("continue_generation",)]
 
 
 def _leaf_message(exc: BaseException) -> str:
