@@ -47,6 +47,9 @@ class OptimConfig(Struct, frozen=True, kw_only=True):
     """AdamW betas."""
     warmup_steps: int = 0
     """Linear learning-rate warm-up, in optimizer steps."""
+    fused: bool = False
+    """AdamW(fused=True) on CUDA: one kernel per step instead of foreach launches (not yet measured
+    against foreach; `python -m bench.learner --fused-adam`)."""
 
 
 class LayoutConfig(Struct, frozen=True, kw_only=True):

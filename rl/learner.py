@@ -44,8 +44,11 @@ class Learner:
     def __init__(self, cfg: TrainConfig, dist: Dist, actor, critic) -> None:
         self.cfg, self.dist, self.actor, self.critic = cfg, dist, actor, critic
         o = cfg.optim
-        self.actor_opt = torch.optim.AdamW(actor.parameters(), lr=o.actor_lr, betas=o.betas, weight_decay=o.weight_decay)
-        self.critic_opt = torch.optim.AdamW(critic.parameters(), lr=o.critic_lr, betas=o.betas, weight_decay=o.weight_decay)
+        fused = {"fused": True} if o.fused and dist.device.type == "cuda" else {}
+        self.actor_opt = torch.optim.AdamW(actor.parameters(), lr=o.actor_lr, betas=o.betas, weight_decay=o.weight_decay,
+                                           **fused)
+        self.critic_opt = torch.optim.AdamW(critic.parameters(), lr=o.critic_lr, betas=o.betas,
+                                            weight_decay=o.weight_decay, **fused)
         self.version = 0
         self.optimizer_steps = 0
         self.reference = None  # frozen initial actor for the KL penalty (built on first use)
