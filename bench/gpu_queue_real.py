@@ -45,8 +45,13 @@ from rewards.compile_pool import CompileConfig, CompilePool
 from rewards.env import EnvConfig, RewardsKernelEnv, pristine_files, queue_config
 from rewards.gpu_queue import GpuQueue, GpuQueueConfig, count_gpus
 from rewards.jobs import Job, JobResult, QueueStatistics
-from rewards.profile import Profile, ProfileInfrastructureError, profile_workspace
-from rewards.verify import VerifyInfrastructureError, verify_workspace
+from rewards.profile import (
+    Profile,
+    ProfileConfig,
+    ProfileInfrastructureError,
+    profile_workspace,
+)
+from rewards.verify import VerifyConfig, VerifyInfrastructureError, verify_workspace
 from rewards.verify_phases import top_level_ms
 from rl.demonstrations import DemoTask, demo_tasks
 
@@ -316,8 +321,10 @@ def env_config(args: argparse.Namespace) -> EnvConfig:
     handlers = dict(h.split("=", 1) for h in args.handler)
     queue = GpuQueueConfig(fork_per_job=args.fork_per_job, preload=tuple(args.preload), handlers=handlers,
                            job_default_deadline_s=args.deadline_s)
+    launcher = getattr(args, "child_launcher", "spawn")  # rewards.zygote
     return EnvConfig(gpus=tuple(int(g) for g in args.gpus.split(",")), sandbox="on" if args.sandbox else "off",
                      compile=CompileConfig(cache_dir=args.compile_cache_dir), queue=queue,
+                     verify=VerifyConfig(child_launcher=launcher), profile=ProfileConfig(child_launcher=launcher),
                      job_deadline_s=args.deadline_s)
 
 

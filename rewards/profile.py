@@ -25,9 +25,7 @@ Importing this module does not import torch; the handler does.
 from __future__ import annotations
 
 import ast
-import os
 import shutil
-import subprocess
 import uuid
 from pathlib import Path
 
@@ -41,9 +39,9 @@ from rewards.jobs import Job, JobContext, JobStatus, decode, encode
 from rewards.precision import DEFAULT_POLICY
 from rewards.timing import Measurement, TimingConfig
 from rewards.verdict import Timing
-from rewards.verify import PACKAGE_ROOT, CandidateProcess, job_files
+from rewards.verify import CandidateProcess, Launcher, job_files
 from rewards.verify_phases import Phases
-from rewards.verify_wire import BlobWriter, ChildGone, Load, Pipe
+from rewards.verify_wire import BlobWriter, ChildGone, Load
 
 HANDLER = "rewards.profile:profile"
 
@@ -61,6 +59,8 @@ class ProfileConfig(Struct, frozen=True, kw_only=True):
     """Starting the child and building ModelNew."""
     time_timeout_s: float = 300.0
     """Timing the candidate (warm-up, sampling, the input pool)."""
+    child_launcher: Launcher = "spawn"
+    """How the profile child starts: "spawn" a fresh interpreter, or "zygote" (rewards.zygote)."""
 
 
 class ProfileRequest(Struct, frozen=True, kw_only=True):
@@ -118,19 +118,7 @@ timed_decoder = msgspec.msgpack.Decoder(Timed)
 class ProfileChild(CandidateProcess):
     """A `rewards.profile_child` process: the candidate process of the verifier, other module."""
 
-    def start(self) -> None:
-        down_r, down_w = os.pipe()
-        up_r, up_w = os.pipe()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}
-        argv = [self.python, "-P", "-s", "-m", "rewards.profile_child", "--read-fd", str(down_r), "--write-fd", str(up_w)]
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                argv, pass_fds=(down_r, up_w), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                cwd=self.work_dir, env=env, process_group=0,
-            )
-        os.close(down_r)
-        os.close(up_w)
-        self.pipe = Pipe(up_r, down_w)
+    module = "rewards.profile_child"
 
     def time(self, message: TimeCandidate, timeout_s: float) -> Timed:
         self.pipe.send(message)
@@ -180,8 +168,8 @@ def time_candidate(request: ProfileRequest, config: TimingConfig, work_dir: Path
     phases = phases if phases is not None else Phases()
     transfer = work_dir / f"xfer-{uuid.uuid4().hex[:12]}"
     transfer.mkdir(parents=True)
-    child = ProfileChild(work_dir)
     c = request.config
+    child = ProfileChild(work_dir, launcher=c.child_launcher)
     try:
         with phases.phase("state"):  # the reference's state_dict, built on the CPU
             message = TimeCandidate(load=_load_message(request, work_dir, transfer), config=config,

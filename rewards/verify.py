@@ -33,6 +33,7 @@ Importing this module does not import torch; `run_verification` does.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -41,7 +42,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import anyio
 import msgspec
@@ -53,6 +54,11 @@ from rewards.verdict import Verdict, VerdictStatus
 from rewards.verify_phases import Phases
 from rewards.verify_wire import ChildGone, Pipe, child_decoder
 
+if TYPE_CHECKING:
+    from rewards.zygote import ForkedProcess
+
+logger = logging.getLogger(__name__)
+Launcher = Literal["spawn", "zygote"]
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])  # the child imports `rewards` from here
 SOURCE_SUFFIXES = (".cu", ".cuh", ".cpp", ".h", ".hpp")
 
@@ -98,6 +104,9 @@ class VerifyConfig(Struct, frozen=True, kw_only=True):
     launch on c10::cuda::getCurrentCUDAStream()), or the default stream, for single-file
     KernelBench solutions, which launch with <<<grid, block>>> as KernelBench's evaluator expects.
     Kernels on any other stream are SIDE_STREAM either way."""
+    child_launcher: Launcher = "spawn"
+    """How the candidate child starts: "spawn" a fresh interpreter, or "zygote": forked from the
+    worker's pre-loaded launcher (rewards.zygote; no interpreter start, torch already imported)."""
 
 
 class VerifyRequest(Struct, frozen=True, kw_only=True):
@@ -121,16 +130,19 @@ class VerifyInfrastructureError(RuntimeError):
 
 
 class CandidateProcess:
-    """A `rewards.candidate` child: spawn, ask with a timeout, close (killing its group).
+    """A `rewards.candidate` child: start (spawned, or forked by the zygote), ask with a timeout,
+    close (killing its group).
 
     Example:
         with CandidateProcess(work_dir) as child:
             loaded = child.call(load_msg, timeout_s=300)
     """
 
-    def __init__(self, work_dir: Path, *, python: str = sys.executable) -> None:
-        self.work_dir, self.python = Path(work_dir), python
-        self.process: subprocess.Popen | None = None
+    module = "rewards.candidate"
+
+    def __init__(self, work_dir: Path, *, python: str = sys.executable, launcher: Launcher = "spawn") -> None:
+        self.work_dir, self.python, self.launcher = Path(work_dir), python, launcher
+        self.process: subprocess.Popen | ForkedProcess | None = None
         self.pipe: Pipe | None = None
         self.log_path = self.work_dir / f"candidate-{uuid.uuid4().hex[:8]}.log"
 
@@ -138,15 +150,27 @@ class CandidateProcess:
         down_r, down_w = os.pipe()
         up_r, up_w = os.pipe()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}
-        argv = [self.python, "-P", "-s", "-m", "rewards.candidate", "--read-fd", str(down_r), "--write-fd", str(up_w)]
+        args = ["--read-fd", str(down_r), "--write-fd", str(up_w)]
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                argv, pass_fds=(down_r, up_w), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                cwd=self.work_dir, env=env, process_group=0,
-            )
+            self.process = self._launch(args, env, log.fileno(), (down_r, up_w))
         os.close(down_r)
         os.close(up_w)
         self.pipe = Pipe(up_r, down_w)
+
+    def _launch(self, args: list[str], env: dict[str, str], log_fd: int, fds: tuple[int, int]):
+        """`python -m self.module args`: forked by the worker's zygote (rewards.zygote), or
+        spawned, as always when the zygote cannot be had (a job never fails for its sake)."""
+        if self.launcher == "zygote":
+            from rewards import zygote
+
+            try:
+                return zygote.launch(self.module, args, cwd=self.work_dir, env=env, log_fd=log_fd, pass_fds=fds,
+                                     python=self.python)
+            except zygote.ZygoteError as exc:
+                logger.warning("no zygote, spawning %s instead: %s", self.module, exc)
+        argv = [self.python, "-P", "-s", "-m", self.module, *args]
+        return subprocess.Popen(argv, pass_fds=fds, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
+                                cwd=self.work_dir, env=env, process_group=0)
 
     @property
     def alive(self) -> bool:
@@ -220,7 +244,7 @@ def run_verification(request: VerifyRequest, *, work_dir: Path, process: Candida
     transfer = Path(work_dir) / f"xfer-{uuid.uuid4().hex[:12]}"
     transfer.mkdir(parents=True)
     own = process is None
-    child = process or CandidateProcess(Path(work_dir))
+    child = process or CandidateProcess(Path(work_dir), launcher=request.config.child_launcher)
     try:
         if own:
             with phases.phase("spawn"):

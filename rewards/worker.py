@@ -271,9 +271,10 @@ def _in_private_pid_namespace() -> bool:
 def _reap_strays() -> None:
     """Inside the sandbox's own pid namespace, kill every process but bwrap's init and us:
     background processes a candidate left must not outlive its job (REFERENCE.md 3, item 8)."""
-    me = os.getpid()
+    zygote = sys.modules.get("rewards.zygote")  # the candidate children's launcher stays
+    keep = {1, os.getpid(), *(zygote.spared_pids() if zygote is not None else ())}
     for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) not in (1, me):
+        if name.isdigit() and int(name) not in keep:
             try:
                 os.kill(int(name), signal.SIGKILL)
             except OSError:

@@ -1,0 +1,268 @@
+"""The zygote launcher of candidate and profile children (rewards.zygote; issue 3), on the CPU:
+with `child_launcher="zygote"` verifications give the verdicts "spawn" gives, each job gets a
+fresh child forked by the zygote with the spawned child's properties (own process group, the
+channel fds at their numbers and nothing else, the worker's resource limits), timeouts and
+close kill the child's group, a dead zygote is restarted and a zygote that cannot start means
+spawn. The child's import phase is zero: the zygote imported everything once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from rewards import zygote
+from rewards.jobs import Job, encode
+from rewards.profile import ProfileConfig, ProfileRequest, time_candidate
+from rewards.timing import TimingConfig
+from rewards.verdict import HackCategory, VerdictStatus
+from rewards.verify import (
+    CandidateProcess,
+    VerifyConfig,
+    VerifyRequest,
+    job_files,
+    run_verification,
+    verdict_from_job,
+)
+from rewards.verify_phases import Phases
+
+TASK = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.linear = nn.Linear(features, features)
+
+    def forward(self, x):
+        return torch.relu(self.linear(x))
+
+def get_inputs():
+    return [torch.rand(16, 8)]
+
+def get_init_inputs():
+    return [8]
+"""
+
+LINEAR = "torch.relu(F.linear(x, self.linear.weight, self.linear.bias))"
+
+
+def candidate(forward: str) -> str:
+    body = "\n".join("        " + line for line in forward.strip().splitlines())
+    return (
+        "import os\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n"
+        "class ModelNew(nn.Module):\n    def __init__(self, features):\n        super().__init__()\n"
+        "        self.linear = nn.Linear(features, features)\n        self.cache = None\n\n"
+        f"    def forward(self, x):\n{body}\n"
+    )
+
+
+HONEST = candidate(f"return {LINEAR}")
+CACHING = candidate(f"if self.cache is None:\n    self.cache = {LINEAR}\nreturn self.cache")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_zygote_per_module():
+    """One zygote serves the module's tests, as one serves a worker's jobs (its start costs the
+    imports); tests that need another kill or shut it down themselves."""
+    yield
+    zygote.shutdown()
+
+
+def verify(tmp_path: Path, text: str, launcher: str, **config):
+    cand = tmp_path / "candidate"
+    cand.mkdir(parents=True, exist_ok=True)
+    (cand / "model_new.py").write_text(text)
+    config = VerifyConfig(allow_torch_compute=True, child_launcher=launcher, **config)
+    return run_verification(VerifyRequest(task_source=TASK, device="cpu", seed=5, config=config), work_dir=tmp_path)
+
+
+def _gone(pid: int) -> bool:
+    """Dead: no such process, or a zombie nobody reaped yet."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _zygote_pid() -> int:
+    (pid,) = zygote.spared_pids()
+    return pid
+
+
+@pytest.mark.parametrize(("text", "status", "hack"), [(HONEST, VerdictStatus.OK, None),
+                                                      (CACHING, VerdictStatus.HACK, HackCategory.OUTPUT_CACHING)],
+                         ids=["honest", "output_caching"])
+def test_zygote_gives_the_verdict_spawn_gives(tmp_path, text, status, hack):
+    spawned = verify(tmp_path / "spawn", text, "spawn")
+    forked = verify(tmp_path / "zygote", text, "zygote")
+    assert (spawned.status, spawned.hack) == (status, hack), spawned
+    assert (forked.status, forked.hack, forked.trials) == (spawned.status, spawned.hack, spawned.trials), forked
+    assert forked.message == spawned.message
+
+
+def test_failures_of_the_candidate_read_the_same(tmp_path):
+    raised = verify(tmp_path / "a", candidate("raise ValueError('boom')"), "zygote")
+    crashed = verify(tmp_path / "b", candidate("os._exit(3)"), "zygote")
+    assert raised.status is VerdictStatus.RUNTIME_ERROR and "ValueError: boom" in raised.message
+    assert crashed.status is VerdictStatus.RUNTIME_ERROR and "exit status 3" in crashed.message
+
+
+def test_forked_child_reports_no_import_and_a_new_process(tmp_path):
+    phases = verify(tmp_path, HONEST, "zygote").phases_ms
+    assert phases["child.import"] == 0.0
+    assert {"child.interpreter", "child.warm_up", "child.build", "spawn", "load"} <= set(phases)
+
+
+def test_each_job_gets_a_fresh_child_of_the_zygote_in_its_own_group(tmp_path):
+    pids = []
+    for _ in range(2):
+        child = CandidateProcess(tmp_path, launcher="zygote")
+        child.start()
+        pid = child.process.pid
+        assert isinstance(child.process, zygote.ForkedProcess)
+        assert _ppid(pid) == _zygote_pid() and os.getpgid(pid) == pid
+        child.close()
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pid, 0)
+        pids.append(pid)
+    assert pids[0] != pids[1]
+
+
+def _wait_for(predicate, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_child_has_the_channel_fds_at_their_numbers_and_no_other(tmp_path):
+    child = CandidateProcess(tmp_path, launcher="zygote")
+    child.start()
+    read_fd, write_fd = int(child.process.args[2]), int(child.process.args[4])
+    fd_dir = f"/proc/{child.process.pid}/fd"
+    try:
+        assert _wait_for(lambda: {int(fd) for fd in os.listdir(fd_dir)} == {0, 1, 2, read_fd, write_fd})
+        assert os.readlink(f"{fd_dir}/1") == str(child.log_path) == os.readlink(f"{fd_dir}/2")
+        assert os.readlink(f"{fd_dir}/0") == os.devnull
+    finally:
+        child.close()
+
+
+def test_child_gets_the_workers_resource_limits_of_now(tmp_path):
+    child = CandidateProcess(tmp_path, launcher="zygote")
+    child.start()  # the zygote now exists, with the limits of its start
+    child.close()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (12345 * 1024, hard))
+    try:
+        child = CandidateProcess(tmp_path, launcher="zygote")
+        child.start()
+        limits = Path(f"/proc/{child.process.pid}/limits")
+        assert _wait_for(lambda: f"Max file size             {12345 * 1024}" in limits.read_text())
+        child.close()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def test_a_timed_out_candidate_is_killed_with_its_group(tmp_path):
+    pids = tmp_path / "pids"
+    forward = (f"import subprocess, time\np = subprocess.Popen(['sleep', '60'])\n"
+               f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{p.pid}}')\ntime.sleep(60)\nreturn x")
+    verdict = verify(tmp_path, candidate(forward), "zygote", trial_timeout_s=2.0)
+    assert verdict.status is VerdictStatus.TIMEOUT, verdict
+    child, grandchild = (int(p) for p in pids.read_text().split())
+    assert _wait_for(lambda: _gone(child) and _gone(grandchild), 10.0)
+
+
+def test_a_killed_zygote_is_restarted(tmp_path):
+    assert verify(tmp_path / "a", HONEST, "zygote").ok
+    first = _zygote_pid()
+    os.kill(first, signal.SIGKILL)
+    assert _wait_for(lambda: _gone(first))
+    verdict = verify(tmp_path / "b", HONEST, "zygote")
+    assert verdict.ok, verdict
+    assert _zygote_pid() != first and verdict.phases_ms["child.import"] == 0.0
+
+
+def test_a_zygote_that_cannot_start_means_spawn(tmp_path, monkeypatch, caplog):
+    def broken(self, timeout_s=0.0):
+        raise OSError("no zygote today")
+
+    zygote.shutdown()
+    monkeypatch.setattr(zygote.Zygote, "start", broken)
+    child = CandidateProcess(tmp_path, launcher="zygote")
+    with caplog.at_level(logging.WARNING, logger="rewards.verify"):
+        child.start()
+    try:
+        assert isinstance(child.process, subprocess.Popen)
+        assert "no zygote today" in caplog.text
+    finally:
+        child.close()
+
+
+def test_the_zygote_forks_only_the_child_modules(tmp_path):
+    z = zygote.Zygote(sys.executable, dict(os.environ), str(tmp_path))
+    ready = z.start()
+    try:
+        assert not ready.cuda_initialized
+        with open(tmp_path / "log", "wb") as log, pytest.raises(zygote.ZygoteError, match="bad request"):
+            z.fork("os", [], cwd=str(tmp_path), env=dict(os.environ), log_fd=log.fileno(), pass_fds=())
+        assert z.alive
+    finally:
+        z.close()
+    assert _gone(ready.pid)
+
+
+def test_profile_child_through_the_zygote_fails_the_same_way(tmp_path):
+    (tmp_path / "candidate").mkdir()
+    (tmp_path / "candidate" / "model_new.py").write_text("raise RuntimeError('boom at import')\n")
+    request = ProfileRequest(task_source=TASK, device="cpu", config=ProfileConfig(child_launcher="zygote"))
+    phases = Phases()
+    timed = time_candidate(request, TimingConfig(), tmp_path, phases)
+    assert not timed.ok and "boom at import" in timed.error
+    assert phases.as_dict()["child.import"] == 0.0 and zygote.spared_pids()
+
+
+def test_sandboxed_worker_keeps_its_zygote_from_job_to_job(tmp_path):
+    """The worker's stray reaper (bwrap pid namespace) spares the zygote: both jobs' children
+    have the same parent, and the second one imported nothing."""
+    from rewards.gpu_queue import GpuQueue, GpuQueueConfig
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "model_new.py").write_text(candidate("raise RuntimeError(f'parent={os.getppid()}')"))
+    files, so_name = job_files(ws, None)
+    config = VerifyConfig(allow_torch_compute=True, child_launcher="zygote")
+    request = VerifyRequest(task_source=TASK, device="cpu", seed=5, so_path=so_name, config=config)
+    queue_config = GpuQueueConfig(gpus=(0,), sandbox=True, scratch_root=str(tmp_path / "scratch"),
+                                  job_default_deadline_s=300.0)
+
+    async def submit_twice():
+        async with GpuQueue(queue_config) as queue:
+            return [await queue.submit(Job(job_id=f"z{i}", kind="verify", payload=encode(request), files=files))
+                    for i in range(2)]
+
+    verdicts = [verdict_from_job(r.status, r.value, r.error) for r in anyio.run(submit_twice)]
+    parents = [v.message.split("parent=")[1].split()[0] for v in verdicts]
+    assert all(v.status is VerdictStatus.RUNTIME_ERROR for v in verdicts), verdicts
+    assert parents[0] == parents[1]
+    assert verdicts[1].phases_ms["child.import"] == 0.0
