@@ -5,10 +5,11 @@ What it is: `python -m bench.checkpoint --size 0.5b` builds the random actor and
 learner trains (one process, FSDP2 over a one-rank group like the node recipes' learner), fills
 both AdamW states (one step on zero gradients: the checkpoint holds fp32 weights + exp_avg +
 exp_avg_sq), then saves `--saves` times into a fresh run directory (the second save also prunes
-and replaces `latest`) and exports the actor to HF once, the way `/learner/save` with
+and replaces `latest`) and the last one exports the actor to HF, the way `/learner/save` with
 `export` does. Per part: seconds of the last save (state_dict, dcp_write, rng, fsync, commit,
-prune) and of the export (export_gather, export_write, export_tokenizer, export_commit), and
-the bytes on disk. `--layers N` keeps the 0.5B/1.5B widths and vocabulary with N decoder layers,
+prune) with its export (export_gather, export_write, export_tokenizer, export_commit), and the
+bytes on disk. `save_s` is what training waits for; with `--background` (checkpoint.background)
+that is state_dict + stage (+ export_gather), and `background_s` is the rest, in a thread. `--layers N` keeps the 0.5B/1.5B widths and vocabulary with N decoder layers,
 for machines without memory for the whole model (bytes scale linearly in the layers beyond
 the embedding; `per_layer_bytes` helps extrapolate).
 What it is not: a test (nothing is asserted) or a load benchmark.
@@ -16,6 +17,7 @@ What it is not: a test (nothing is asserted) or a load benchmark.
 How it is used:
     python -m bench.checkpoint --size 0.5b                       # CPU, or CUDA when visible
     python -m bench.checkpoint --size 0.5b --layers 6 --dir /tmp/ckpt-bench
+    python -m bench.checkpoint --size 0.5b --layers 6 --background
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ def main() -> None:
     p.add_argument("--no-export", action="store_true", help="skip the HF export")
     p.add_argument("--tokenizer", default="", help="tokenizer dir (default: the tiny local one)")
     p.add_argument("--dir", default="", help="run directory (default: a temp dir, removed after)")
+    p.add_argument("--background", action="store_true",
+                   help="checkpoint.background: save_s is the blocking part, background_s the rest")
     args = p.parse_args()
 
     from rl import checkpoint
@@ -78,21 +82,23 @@ def main() -> None:
            "setup_s": round(time.perf_counter() - t0, 2), "io_threads": checkpoint._IO_THREADS}
     run_dir = Path(args.dir or tempfile.mkdtemp(prefix="ckpt-bench-"))
     try:
+        saver = checkpoint.Saver(background=args.background)
+        tokenizer = None if args.no_export else args.tokenizer or _tiny_tokenizer(run_dir)
         for step in range(1, args.saves + 1):
             parts: dict[str, float] = {}
             t0 = time.perf_counter()
-            path = checkpoint.save(run_dir, step, actor=actor, critic=critic, actor_opt=a_opt, critic_opt=c_opt,
-                                   extra={"step": step}, keep=1, timings=parts)
+            export_dir = run_dir / "hf" if step == args.saves and tokenizer else None  # the last save exports
+            path = saver.save(run_dir, step, actor=actor, critic=critic, actor_opt=a_opt, critic_opt=c_opt,
+                              extra={"step": step}, keep=1, export_dir=export_dir, tokenizer=tokenizer,
+                              timings=parts)
             total = time.perf_counter() - t0
+            background = saver.wait()  # a background save: what training would not wait for
+        parts |= background
         out |= {f"{k}_s": round(v, 3) for k, v in parts.items()} | {"save_s": round(total, 3)}
         out["ckpt_bytes"] = du(path)
-        if not args.no_export:
-            tokenizer = args.tokenizer or _tiny_tokenizer(run_dir)
-            parts = {}
-            t0 = time.perf_counter()
-            checkpoint.export_hf(actor, tokenizer, run_dir / "hf", timings=parts)
-            out |= {f"{k}_s": round(v, 3) for k, v in parts.items()}
-            out |= {"export_s": round(time.perf_counter() - t0, 3), "hf_bytes": du(run_dir / "hf")}
+        if tokenizer:
+            out["hf_bytes"] = du(run_dir / "hf")
+        saver.close()
         n = sum(v.numel() for v in actor.state_dict().values())
         out["actor_params"] = n
     finally:

@@ -14,7 +14,8 @@ Atomicity: a checkpoint is written into `RUN/ckpt/step_000123.tmp/`, completed b
 (written last), then renamed to `RUN/ckpt/step_000123/`; `RUN/ckpt/latest` names it and is
 replaced atomically (temp file + `os.replace`); that replacement is the commit point. A kill
 leaves either the previous checkpoint or the new one, never half of one: a `.tmp` directory is
-ignored and removed by the next load. All
+ignored and removed by the next load. `Saver(background=True)` keeps these guarantees with the
+write, fsync, commit and export behind training (see `Saver`). All
 ranks call `save`/`load_latest`/`export_hf` (they are collectives); rank 0 alone renames,
 prunes and writes the shared files. Ranks share one filesystem (one host, or a shared mount).
 
@@ -32,17 +33,14 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-import copy
+import functools
+import logging
 import os
 import random
-import re
 import shutil
-import threading
 import time
 import warnings
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -54,13 +52,22 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from rl.fsdp import full_state_items, hf_submodule
+from rl.checkpoint_files import (
+    _IO_THREADS,
+    _barrier,
+    _clean,
+    _Clock,
+    _complete_steps,
+    _fsync_tree,
+    _rank,
+    _remove_later,
+    _replace_dir,
+    _single_process_quiet,
+    _world_size,
+)
+from rl.hf_export import _Export, _gather_export, export_hf
 
-_STEP_DIR = re.compile(r"^step_(\d+)$")
-_EXPORT_BUCKET_BYTES = 256 << 20
-# DCP writer threads per rank: one thread serialises ~0.5-1 GB/s, and a 0.5B actor + critic with
-# AdamW is ~12 GB. DCP's own per-file fsync is off: `_publish` fsyncs every file once, in parallel.
-_IO_THREADS = max(1, min(4, os.cpu_count() or 1))
+log = logging.getLogger("cuda-agent.checkpoint")
 
 
 def save(
@@ -83,34 +90,50 @@ def save(
     checkpoint directory.
     """
     clock = _Clock(timings)
-    root = Path(run_dir) / "ckpt"
-    final = root / f"step_{step:06d}"
-    tmp = final.with_name(final.name + ".tmp")
-    if _rank() == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        (tmp / "rng").mkdir(parents=True)
-    _barrier()
+    tmp, final = _begin(run_dir, step)
     state = _state(actor, critic, actor_opt, critic_opt)
     clock.lap("state_dict")
     with _single_process_quiet():
-        writer = dcp.FileSystemWriter(tmp / "state", thread_count=_IO_THREADS, sync_files=False)
-        dcp.save(state, storage_writer=writer, no_dist=_world_size() == 1)
+        dcp.save(state, storage_writer=_writer(tmp), no_dist=_world_size() == 1)
     del state
     clock.lap("dcp_write")
     _write_atomic(tmp / "rng" / f"rank_{_rank():05d}.pt", _rng_bytes())
     clock.lap("rng")
     _barrier()
     if _rank() == 0:
-        meta = {"step": step, "world_size": _world_size(), "extra": extra or {}}
-        _write_atomic(tmp / "meta.json", orjson.dumps(meta))
-        _fsync_tree(tmp)  # every rank's files: durable bytes before the rename publishes them
-        clock.lap("fsync")
-        _publish(tmp, final)
-        clock.lap("commit")
-        _prune(root, keep)
-        clock.lap("prune")
+        _commit(tmp, final, _meta(step, extra), keep, clock)
     _barrier()
     return final
+
+
+def _begin(run_dir: str | os.PathLike[str], step: int) -> tuple[Path, Path]:
+    """A fresh `step_N.tmp/` (rank 0 makes it, all wait); returns (tmp, final)."""
+    final = Path(run_dir) / "ckpt" / f"step_{step:06d}"
+    tmp = final.with_name(final.name + ".tmp")
+    if _rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "rng").mkdir(parents=True)
+    _barrier()
+    return tmp, final
+
+
+def _writer(tmp: Path) -> dcp.FileSystemWriter:
+    return dcp.FileSystemWriter(tmp / "state", thread_count=_IO_THREADS, sync_files=False)
+
+
+def _meta(step: int, extra: dict[str, Any] | None) -> bytes:
+    return orjson.dumps({"step": step, "world_size": _world_size(), "extra": extra or {}})
+
+
+def _commit(tmp: Path, final: Path, meta: bytes, keep: int, clock: _Clock) -> None:
+    """Rank 0, once every rank's files are in `tmp`: meta.json, fsync, rename + `latest`, prune."""
+    _write_atomic(tmp / "meta.json", meta)
+    _fsync_tree(tmp)  # every rank's files: durable bytes before the rename publishes them
+    clock.lap("fsync")
+    _publish(tmp, final)
+    clock.lap("commit")
+    _prune(final.parent, keep)
+    clock.lap("prune")
 
 
 def load_latest(
@@ -181,78 +204,138 @@ def latest_dir(run_dir: str | os.PathLike[str]) -> Path | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Export
+# Background saves
 
 
-def export_hf(
-    actor: nn.Module,
-    tokenizer: Any,
-    out_dir: str | os.PathLike[str],
-    *,
-    dtype: torch.dtype = torch.bfloat16,
-    max_shard_size: str = "5GB",
-    timings: dict[str, float] | None = None,
-) -> Path:
-    """Write the actor's HF model as a standalone Hugging Face directory; a collective.
+class CheckpointError(RuntimeError):
+    """A background save failed; raised by the next `Saver.save`, `wait` or `close`."""
 
-    `tokenizer` is a tokenizer or a local tokenizer directory; `dtype` is the dtype the weights
-    are stored in and the one `config.json` declares (SGLang serves bf16). The directory is
-    assembled under `out_dir.tmp` and renamed into place, so a reader never sees half of it.
-    Every rank gathers; rank 0 writes. `timings` receives seconds per part (export_gather,
-    export_write, export_tokenizer, export_commit). Returns `out_dir`.
+
+class Saver:
+    """The checkpoints of one learner: blocking, or (`background`) written behind training.
+
+    A background `save` runs the collectives of a save in the caller's thread - the sharded state
+    dict, DCP's staging copy of it into host memory (`dcp.async_save`), the HF export's gather -
+    and returns; one thread then waits for DCP's write, writes the RNG file, and rank 0 fsyncs,
+    commits (`latest`), prunes and writes the HF directory. The collectives of that thread run on
+    a gloo group of their own, so they never interleave with the training group's. Commit order,
+    atomicity and the kill guarantees are those of `save`. At most one save is in flight: the
+    next `save`, `wait` and `close` wait for it, and raise CheckpointError naming its step if it
+    failed on any rank. Staging holds a copy of this rank's checkpoint shard in host memory.
+
+    Example:
+        saver = Saver(background=True)
+        saver.save(run_dir, step, actor=actor, critic=critic, actor_opt=a_opt, critic_opt=c_opt,
+                   export_dir=run_dir / "hf", tokenizer=tokenizer_dir)   # returns once staged
+        ...                                                              # train on
+        finished = saver.wait()   # seconds per background part, "background" their sum
+        saver.close()
     """
-    from transformers import AutoModelForCausalLM
 
-    clock = _Clock(timings)
-    out_dir = Path(out_dir)
-    _, hf = hf_submodule(actor)
-    if hf is None:
-        raise ValueError("export_hf: the actor holds no transformers PreTrainedModel")
-    state = _gather_cpu(actor, dtype)
-    clock.lap("export_gather")
-    if _rank() == 0:
-        config = copy.deepcopy(hf.config)
-        config.dtype = dtype
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
-        _check_names(model, state)
-        model.generation_config = copy.deepcopy(hf.generation_config)
-        tmp = out_dir.with_name(out_dir.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(tmp, state_dict=state, max_shard_size=max_shard_size)
-        clock.lap("export_write")
-        _tokenizer(tokenizer).save_pretrained(tmp)
-        clock.lap("export_tokenizer")
-        _replace_dir(tmp, out_dir)
-        clock.lap("export_commit")
-    _barrier()
-    return out_dir
+    def __init__(self, *, background: bool = False) -> None:
+        self.background = background
+        self._group: dist.ProcessGroup | None = None
+        self._pending: tuple[int, Future[dict[str, float]]] | None = None
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-commit") if background else None
 
+    def save(self, run_dir: str | os.PathLike[str], step: int, *, actor: nn.Module, critic: nn.Module | None = None,
+             actor_opt: torch.optim.Optimizer | None = None, critic_opt: torch.optim.Optimizer | None = None,
+             extra: dict[str, Any] | None = None, keep: int = 3, export_dir: str | os.PathLike[str] | None = None,
+             tokenizer: Any = None, timings: dict[str, float] | None = None) -> Path:
+        """`save`, then `export_hf(actor, tokenizer, export_dir)` when `export_dir` is given; in
+        the background, `timings` gets the blocking parts (state_dict, stage, export_gather)."""
+        self.wait()
+        if not self.background:
+            final = save(run_dir, step, actor=actor, critic=critic, actor_opt=actor_opt, critic_opt=critic_opt,
+                         extra=extra, keep=keep, timings=timings)
+            if export_dir is not None:
+                export_hf(actor, tokenizer, export_dir, timings=timings)
+            return final
+        clock = _Clock(timings)
+        tmp, final = _begin(run_dir, step)
+        state = _state(actor, critic, actor_opt, critic_opt)
+        clock.lap("state_dict")
+        group = self._collective_group()
+        with _single_process_quiet():
+            staged = dcp.async_save(state, storage_writer=_writer(tmp), process_group=group,
+                                    no_dist=_world_size() == 1)
+        upload = getattr(staged, "upload_completion", staged)  # a Future, or torch's AsyncSaveResponse
+        del state, staged
+        rng = _rng_bytes()
+        clock.lap("stage")
+        job = None
+        if export_dir is not None:
+            job = _gather_export(actor, tokenizer, export_dir, torch.bfloat16, "5GB")
+            clock.lap("export_gather")
+        commit = functools.partial(self._finish, upload, tmp, final, _meta(step, extra), rng, keep, job)
+        self._pending = (step, self._thread.submit(commit))
+        return final
 
-def _gather_cpu(actor: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The actor's full HF state on CPU (rank 0; empty elsewhere), one copy per name: tied
-    embeddings and lm_head are both stored (readers such as `bench --watch` expect every name)."""
-    state: dict[str, torch.Tensor] = {}
-    for bucket in full_state_items(actor, _EXPORT_BUCKET_BYTES, dtype=dtype):
+    def wait(self) -> dict[str, float]:
+        """Block until the save in flight is committed; its background seconds per part ({} if
+        none was in flight). Raises CheckpointError naming the step if it failed."""
+        if self._pending is None:
+            return {}
+        step, future = self._pending
+        self._pending = None
+        try:
+            return future.result()
+        except Exception as exc:
+            raise CheckpointError(f"background save of checkpoint step {step} failed: {exc!r}") from exc
+
+    def close(self) -> dict[str, float]:
+        """`wait`, then stop the thread."""
+        try:
+            return self.wait()
+        finally:
+            if self._thread is not None:
+                self._thread.shutdown(wait=True)
+
+    def _collective_group(self) -> dist.ProcessGroup | None:
+        """The background thread's gloo group (made on the first save: all ranks call it)."""
+        if not dist.is_initialized():  # DCP warns from its own thread, out of _single_process_quiet's reach
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        elif self._group is None:
+            self._group = dist.new_group(backend="gloo")
+        return self._group
+
+    def _finish(self, upload: Future, tmp: Path, final: Path, meta: bytes, rng: bytes, keep: int,
+                job: _Export | None) -> dict[str, float]:
+        """The background thread: every rank's files, then rank 0's commit and export. Each
+        phase ends in an exchange of errors, so every rank raises when any rank failed."""
+        timings: dict[str, float] = {}
+        clock, t0 = _Clock(timings), time.perf_counter()
+        error = None
+        try:
+            upload.result()
+            clock.lap("dcp_write")
+            _write_atomic(tmp / "rng" / f"rank_{_rank():05d}.pt", rng)
+            clock.lap("rng")
+        except Exception as exc:  # noqa: BLE001 - every rank learns of it, then raises
+            error = exc
+        _raise_if_any(self._group, error, "writing")  # also the barrier before rank 0 commits
         if _rank() == 0:
-            state.update((name, t.to("cpu", copy=True)) for name, t in bucket)
-    return state
+            try:
+                _commit(tmp, final, meta, keep, clock)
+                if job is not None:
+                    job.write(clock)
+            except Exception as exc:  # noqa: BLE001 - every rank learns of it, then raises
+                error = exc
+        _raise_if_any(self._group, error, "committing")
+        timings["background"] = time.perf_counter() - t0
+        log.info("checkpoint %s committed in the background in %.1f s", final.name, timings["background"])
+        return timings
 
 
-def _check_names(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    expected = set(model.state_dict())
-    missing, unexpected = expected - set(state), set(state) - expected
-    if missing or unexpected:
-        raise ValueError(f"export_hf: names differ from the HF model: missing {sorted(missing)[:5]}, "
-                         f"unexpected {sorted(unexpected)[:5]}")
-
-
-def _tokenizer(tokenizer: Any) -> Any:
-    if isinstance(tokenizer, (str, os.PathLike)):
-        from agentcore.tiny_tokenizer import load_tokenizer  # any local HF tokenizer directory
-
-        return load_tokenizer(tokenizer)
-    return tokenizer
+def _raise_if_any(group: dist.ProcessGroup | None, error: Exception | None, what: str) -> None:
+    """Raise on every rank if `error` is set on any (a collective on `group`)."""
+    errors = [repr(error) if error is not None else None]
+    if group is not None and dist.get_world_size(group) > 1:
+        errors = [None] * dist.get_world_size(group)
+        dist.all_gather_object(errors, repr(error) if error is not None else None, group=group)
+    failed = {rank: e for rank, e in enumerate(errors) if e is not None}
+    if failed:
+        raise RuntimeError(f"{what} failed on rank(s) {sorted(failed)}: {'; '.join(failed.values())}") from error
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,23 +379,6 @@ def _set_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def _publish(tmp: Path, final: Path) -> None:
-    """Rename a complete, fsynced `.tmp` directory into place, then point `latest` at it."""
-    _replace_dir(tmp, final)
-    _write_atomic(final.parent / "latest", final.name.encode())
-
-
-def _replace_dir(src: Path, dst: Path) -> None:
-    """Rename `src` to `dst`; an existing `dst` is moved aside first and then deleted."""
-    old = dst.with_name(dst.name + ".old")
-    if dst.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(dst, old)
-    os.replace(src, dst)
-    _fsync_dir(dst.parent)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def _prune(root: Path, keep: int) -> None:
     """Drop all but the newest `keep` complete checkpoints (keep <= 0: keep all).
 
@@ -327,35 +393,10 @@ def _prune(root: Path, keep: int) -> None:
             _remove_later(path)
 
 
-def _remove_later(path: Path) -> None:
-    doomed = path.with_name(path.name + ".del")
-    shutil.rmtree(doomed, ignore_errors=True)
-    os.replace(path, doomed)
-    threading.Thread(target=shutil.rmtree, args=(doomed, True), name="ckpt-prune", daemon=True).start()
-
-
-def _clean(root: Path) -> None:
-    """Remove what killed saves left: torn `.tmp` directories, pruned `.del` ones, and `.old` ones moved aside
-    (an `.old` whose replacement never arrived is moved back instead)."""
-    for torn in [*root.glob("*.tmp"), *root.glob("*.del")]:
-        shutil.rmtree(torn, ignore_errors=True)
-    for old in root.glob("*.old"):
-        target = old.with_name(old.name.removesuffix(".old"))
-        if target.exists():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(old, target)
-
-
-def _complete_steps(root: Path) -> list[tuple[int, Path]]:
-    if not root.is_dir():
-        return []
-    found = []
-    for path in root.iterdir():
-        match = _STEP_DIR.match(path.name)
-        if match and (path / "meta.json").is_file():
-            found.append((int(match.group(1)), path))
-    return sorted(found)
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename a complete, fsynced `.tmp` directory into place, then point `latest` at it."""
+    _replace_dir(tmp, final)
+    _write_atomic(final.parent / "latest", final.name.encode())
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -367,62 +408,3 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _fsync_tree(path: Path) -> None:
-    """Flush every file and directory under `path`, so the rename publishes durable bytes.
-
-    Files are flushed in parallel: each fsync waits on the device, and the shards of one save
-    are many GB (a directory fsync alone would not flush the files' data)."""
-    files, dirs = [], []
-    for dirpath, _, names in os.walk(path):
-        files += [os.path.join(dirpath, name) for name in names]
-        dirs.append(dirpath)
-    with ThreadPoolExecutor(max_workers=_IO_THREADS) as pool:
-        list(pool.map(_fsync_path, files))
-    for d in dirs:
-        _fsync_path(d)
-
-
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    _fsync_path(str(path))
-
-
-class _Clock:
-    """Seconds between laps, added into `timings` under each lap's name (nothing when None)."""
-
-    def __init__(self, timings: dict[str, float] | None) -> None:
-        self.timings, self.t = timings, time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        if self.timings is not None:
-            self.timings[name] = self.timings.get(name, 0.0) + now - self.t
-        self.t = now
-
-
-@contextlib.contextmanager
-def _single_process_quiet() -> Iterator[None]:
-    """Silence DCP's warning that it runs without collectives: at world size 1 that is the intent."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def _world_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
-
-
-def _barrier() -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()

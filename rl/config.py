@@ -127,6 +127,9 @@ class CheckpointConfig(Struct, frozen=True, kw_only=True):
     """Checkpoints kept."""
     export_hf: bool = True
     """Also export the actor as a Hugging Face directory at each checkpoint."""
+    background: bool = False
+    """Write checkpoints behind training: a save stages the state in host memory (about this
+    rank's checkpoint shard) and returns; write, fsync, commit and HF export run in a thread."""
 
 
 class TrainConfig(Struct, frozen=True, kw_only=True):

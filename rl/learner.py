@@ -52,6 +52,7 @@ class Learner:
         self.version = 0
         self.optimizer_steps = 0
         self.reference = None  # frozen initial actor for the KL penalty (built on first use)
+        self.saver = checkpoint.Saver(background=cfg.checkpoint.background)
 
     @classmethod
     def build(cls, cfg: TrainConfig, dist: Dist) -> Learner:
@@ -152,15 +153,33 @@ class Learner:
 
     # -- checkpoints --------------------------------------------------------------------------
 
-    def save(self, run_dir: Path, step: int, extra: dict) -> None:
+    def save(self, run_dir: Path, step: int, extra: dict, export_dir: Path | None = None) -> dict[str, float]:
+        """Checkpoint `step` (and export the actor to `export_dir`); with `checkpoint.background`
+        returns once the state is staged. Metrics: this save's blocking seconds, and the
+        background seconds of the previous save (finished by now: at most one is in flight)."""
         extra = dict(extra, version=self.version, optimizer_steps=self.optimizer_steps)
-        checkpoint.save(
+        t0 = time.perf_counter()
+        previous = self.saver.wait()
+        self.saver.save(
             run_dir, step, actor=self.actor, critic=self.critic,
             actor_opt=self.actor_opt, critic_opt=self.critic_opt, extra=extra,
-            keep=self.cfg.checkpoint.keep,
+            keep=self.cfg.checkpoint.keep, export_dir=export_dir, tokenizer=self.cfg.data.tokenizer,
         )
+        metrics = {"checkpoint_save_s": time.perf_counter() - t0}
+        if previous:
+            metrics["checkpoint_background_s"] = previous["background"]
+        return metrics
+
+    def wait_saved(self) -> dict[str, float]:
+        """Block until the background save in flight is committed; its seconds per part."""
+        return self.saver.wait()
+
+    def close(self) -> dict[str, float]:
+        """Finish the save in flight (a failure raises here, naming its step)."""
+        return self.saver.close()
 
     def load(self, run_dir: Path) -> tuple[int, dict] | None:
+        self.saver.wait()  # a save in flight commits first: it may be the latest checkpoint
         found = checkpoint.load_latest(
             run_dir, actor=self.actor, critic=self.critic, actor_opt=self.actor_opt, critic_opt=self.critic_opt
         )

@@ -151,8 +151,15 @@ class LearnerGroup:
         answer = await self._post_all("/learner/sync", {})
         return answer["metrics"] | ({"path": answer["path"]} if "path" in answer else {})
 
-    async def save(self, step: int, extra: dict[str, Any], *, export: bool) -> None:
-        await self._post_all("/learner/save", {"step": step, "extra": extra, "export": export})
+    async def save(self, step: int, extra: dict[str, Any], *, export: bool) -> dict[str, float]:
+        """Save (and export) on every rank; with `checkpoint.background` this returns once the
+        state is staged. Seconds of the blocking part and of the previous background write."""
+        answer = await self._post_all("/learner/save", {"step": step, "extra": extra, "export": export})
+        return answer.get("metrics", {})
+
+    async def wait_saved(self) -> dict[str, float]:
+        """Wait until a background save in flight is committed (raises if it failed)."""
+        return (await self._post_all("/learner/wait", {})).get("metrics", {})
 
     async def load(self, source: Path | None = None) -> tuple[int, dict[str, Any]] | None:
         """Restore the latest checkpoint of `source` (default: this run); None when there is none."""

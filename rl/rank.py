@@ -8,12 +8,14 @@ real SGLang server) and the learner commands under `/learner/`:
   POST /learner/step     {kind, batch_path}   one update on this rank's share of the batch
   POST /learner/sync     {}                   actor weights -> this rank's engine, version + 1
                                               (sglang_tensor: -> its colocated SGLang server)
-  POST /learner/save     {step, extra, export} checkpoint (collective), HF export on rank 0
+  POST /learner/save     {step, extra, export} checkpoint (collective), HF export on rank 0;
+                                              with checkpoint.background, returns once staged
+  POST /learner/wait     {}                   until the background save in flight is committed
   POST /learner/load     {run_dir}            restore the latest checkpoint of run_dir
   POST /learner/release {weights}             free the colocated engine's memory for training
   POST /learner/resume  {}                    restore what release freed and the sync did not
   GET  /learner/info                          rank, world size, device, version
-  POST /learner/shutdown                      stop serving and exit
+  POST /learner/shutdown                      finish the save in flight, stop serving and exit
 Commands are collectives: the driver sends each to every rank, and they run one at a time in a
 worker thread, so generation requests and health checks are still answered meanwhile.
 With `engine.kind=sglang` there is no embedded engine: `weight_sync.mode=sglang_tensor` makes
@@ -145,12 +147,13 @@ class Rank:
         return {"metrics": metrics}
 
     async def save(self, body: dict) -> dict:
-        step = int(body["step"])
-        await self._in_thread(lambda: self.learner.save(self.run_dir, step, body.get("extra", {})))
-        if body.get("export"):
-            out = self.run_dir / "hf"
-            await self._in_thread(lambda: self.learner.export(out, self.cfg.data.tokenizer))
-        return {}
+        step, out = int(body["step"]), self.run_dir / "hf" if body.get("export") else None
+        metrics = await self._in_thread(lambda: self.learner.save(self.run_dir, step, body.get("extra", {}), out))
+        return {"metrics": metrics}
+
+    async def wait(self, body: dict) -> dict:
+        """Until the background save in flight is committed (its failure answers 500)."""
+        return {"metrics": await self._in_thread(self.learner.wait_saved)}
 
     async def load(self, body: dict) -> dict:
         found = await self._in_thread(lambda: self.learner.load(Path(body["run_dir"])))
@@ -194,7 +197,12 @@ class Rank:
                 "version": self.learner.version, "optimizer_steps": self.learner.optimizer_steps}
 
     async def shutdown(self, body: dict) -> dict:
-        self.stop.set()
+        """Stop serving once the save in flight is committed: the driver ends (and SIGTERMs the
+        ranks) when this answers, and the run's last checkpoint and RUN/hf must exist by then."""
+        try:
+            await self._in_thread(self.learner.close)
+        finally:
+            self.stop.set()
         return {}
 
     def routes(self) -> dict[tuple[str, str], Callable[[Any], Awaitable[tuple[int, Any]]]]:
@@ -203,6 +211,7 @@ class Rank:
             ("POST", "/learner/save"): self.save, ("POST", "/learner/load"): self.load,
             ("POST", "/learner/release"): self.release, ("POST", "/learner/resume"): self.resume,
             ("GET", "/learner/info"): self.info, ("POST", "/learner/shutdown"): self.shutdown,
+            ("POST", "/learner/wait"): self.wait,
         }
         return {key: _answering(fn) for key, fn in table.items()}
 

@@ -114,8 +114,10 @@ async def train(run: Run) -> list[dict]:
             rows.append(row)
             log.info("step %d (%s %d/%d): %s", g, name, g - lo + 1, n, _brief(row))
             if (g + 1) % cfg.checkpoint.every_steps == 0 or g + 1 == hi:
-                await run.learner.save(g + 1, {"stage": name, "step": g + 1}, export=cfg.checkpoint.export_hf)
+                saved = await run.learner.save(g + 1, {"stage": name, "step": g + 1}, export=cfg.checkpoint.export_hf)
+                log.info("checkpoint step %d: %s", g + 1, {k: round(v, 2) for k, v in saved.items()})
         lo = hi
+    await run.learner.wait_saved()  # the last checkpoint is committed (and exported) when train returns
     progress.close()
     return rows
 
