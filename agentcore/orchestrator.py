@@ -73,6 +73,9 @@ class OrchestratorConfig(Struct, frozen=True, kw_only=True):
     """Concurrent verify/profile tool calls (one per verification GPU)."""
     results_buffer: int = 64
     """Finished trajectories waiting for the group assembler."""
+    progress_every_s: float = 30.0
+    """`cuda-agent train` logs a batch's progress (trajectories, turns, limiters, GPU queue) this
+    often; 0: never."""
 
 
 class WorkItem(Struct, frozen=True, kw_only=True):

@@ -64,7 +64,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                       "its layout (repeatable); default l1_1_matmul_cublas")
     real.add_argument("--verify-mode", choices=("quick", "final"), default="quick", help="verification mode")
     real.add_argument("--compile-cache-dir", default="", help="compile pool cache; '' its default")
-    real.add_argument("--child-launcher", choices=("spawn", "zygote"), default="spawn",
+    real.add_argument("--child-launcher", choices=("spawn", "zygote"), default="zygote",
                       help="candidate/profile children: a fresh interpreter, or forked by a pre-loaded zygote")
     return p.parse_args(argv)
 

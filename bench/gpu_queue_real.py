@@ -321,7 +321,7 @@ def env_config(args: argparse.Namespace) -> EnvConfig:
     handlers = dict(h.split("=", 1) for h in args.handler)
     queue = GpuQueueConfig(fork_per_job=args.fork_per_job, preload=tuple(args.preload), handlers=handlers,
                            job_default_deadline_s=args.deadline_s)
-    launcher = getattr(args, "child_launcher", "spawn")  # rewards.zygote
+    launcher = getattr(args, "child_launcher", "zygote")  # rewards.zygote
     return EnvConfig(gpus=tuple(int(g) for g in args.gpus.split(",")), sandbox="on" if args.sandbox else "off",
                      compile=CompileConfig(cache_dir=args.compile_cache_dir), queue=queue,
                      verify=VerifyConfig(child_launcher=launcher), profile=ProfileConfig(child_launcher=launcher),

@@ -170,6 +170,11 @@ def worker_env(config: GpuQueueConfig, gpu: int, scratch: Path) -> dict[str, str
     else:
         env = dict(host)
     env |= {"CUDA_VISIBLE_DEVICES": device, "TMPDIR": str(scratch), "PYTHONDONTWRITEBYTECODE": "1"}
+    # Inductor compiles the torch.compile baselines in this process, not in its subprocess pool:
+    # the sandboxed worker kills every other process after each job (--reap-strays), and torch
+    # keeps the pool's write pipe open in the parent, so the next compile would wait forever on
+    # a reaped pool (seen on an H100: a profile job hung with the GPU idle).
+    env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     # The worker runs `-m rewards.worker`: make this very project importable whether or not it
     # is pip-installed (a checkout run with PYTHONPATH, as on the GPU machines).

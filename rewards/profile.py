@@ -59,8 +59,9 @@ class ProfileConfig(Struct, frozen=True, kw_only=True):
     """Starting the child and building ModelNew."""
     time_timeout_s: float = 300.0
     """Timing the candidate (warm-up, sampling, the input pool)."""
-    child_launcher: Launcher = "spawn"
-    """How the profile child starts: "spawn" a fresh interpreter, or "zygote" (rewards.zygote)."""
+    child_launcher: Launcher = "zygote"
+    """How the profile child starts: "zygote" (rewards.zygote; 0.82 s per profile job of the L1
+    matmul demo instead of 6.2 s on an H100) or "spawn" a fresh interpreter."""
 
 
 class ProfileRequest(Struct, frozen=True, kw_only=True):

@@ -104,9 +104,11 @@ class VerifyConfig(Struct, frozen=True, kw_only=True):
     launch on c10::cuda::getCurrentCUDAStream()), or the default stream, for single-file
     KernelBench solutions, which launch with <<<grid, block>>> as KernelBench's evaluator expects.
     Kernels on any other stream are SIDE_STREAM either way."""
-    child_launcher: Launcher = "spawn"
-    """How the candidate child starts: "spawn" a fresh interpreter, or "zygote": forked from the
-    worker's pre-loaded launcher (rewards.zygote; no interpreter start, torch already imported)."""
+    child_launcher: Launcher = "zygote"
+    """How the candidate child starts: "zygote": forked from the worker's pre-loaded launcher
+    (rewards.zygote; no interpreter start, torch already imported: a verify job of the L1 matmul
+    demo 0.68 s instead of 12.8 s on an H100), or "spawn" a fresh interpreter (the fallback when
+    the zygote cannot start)."""
 
 
 class VerifyRequest(Struct, frozen=True, kw_only=True):

@@ -129,7 +129,9 @@ class CheckpointConfig(Struct, frozen=True, kw_only=True):
     """Also export the actor as a Hugging Face directory at each checkpoint."""
     background: bool = False
     """Write checkpoints behind training: a save stages the state in host memory (about this
-    rank's checkpoint shard) and returns; write, fsync, commit and HF export run in a thread."""
+    rank's checkpoint shard) and returns; write, fsync, commit and HF export run in a thread.
+    On in the GPU recipes: a 0.5B actor + critic + AdamW checkpoint on an H100 host blocked
+    training 20.0 s, in the background 5.0 s (bench.checkpoint)."""
 
 
 class TrainConfig(Struct, frozen=True, kw_only=True):

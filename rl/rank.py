@@ -74,7 +74,15 @@ class Rank:
         self.server_released: set[str] = set()  # memory tags the server freed, not yet restored
 
     async def _in_thread(self, fn: Callable[[], Any]) -> Any:
-        return await anyio.to_thread.run_sync(fn, limiter=self.commands)
+        """`fn` in a worker thread, on this rank's GPU: the current CUDA device is per thread and a
+        fresh thread's is cuda:0, where rank k's collectives would fail (seen on 6 H200 ranks:
+        "Attempt to perform collective on tensor not on device passed to init_process_group")."""
+        def on_device() -> Any:
+            if self.dist.device.type == "cuda":
+                torch.cuda.set_device(self.dist.device)
+            return fn()
+
+        return await anyio.to_thread.run_sync(on_device, limiter=self.commands)
 
     async def step(self, body: dict) -> dict:
         samples = decode_samples(Path(body["batch_path"]).read_bytes())

@@ -90,6 +90,7 @@ def single_gpu() -> TrainConfig:
         data=DataConfig(tasks_per_step=16, samples_per_task=4),
         rollout=RolloutConfig(max_turns=40, max_new_tokens=4096, max_context_tokens=32768),
         orchestrator=OrchestratorConfig(workers=64, model_slots=64, compile_slots=8, gpu_slots=1),
+        checkpoint=CheckpointConfig(background=True),
     )
 
 
@@ -110,6 +111,7 @@ def node_8gpu() -> TrainConfig:
         rollout=RolloutConfig(max_turns=150, max_new_tokens=8192, max_context_tokens=131072),
         orchestrator=OrchestratorConfig(workers=512, model_slots=384, compile_slots=32, gpu_slots=2),
         engine=EngineSection(embedded=EmbeddedEngineConfig(max_batch_size=64)),
+        checkpoint=CheckpointConfig(background=True),
     )
 
 

@@ -23,6 +23,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
+import anyio
 import msgspec
 
 from agentcore.chat import ChatRenderer
@@ -125,11 +126,32 @@ class Run:
         async with TrajectoryStore(path) as store:
             orch = Orchestrator(runner=runner, tools=tools, config=self.cfg.orchestrator,
                                 resources=self.resources, store=store, scorer=self.scorer)
-            groups = await collect(orch, items)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._report_progress, tag, orch, len(items))
+                groups = await collect(orch, items)
+                tg.cancel_scope.cancel()
             # A resumed tag does not re-emit groups finished before the stop: take those from disk.
             found = {(t.group_id, t.sample_index): t for t in store.existing()}
         found |= {(t.group_id, t.sample_index): t for g in groups for t in g.trajectories}
         return [found[k] for k in sorted(found)]
+
+
+    async def _report_progress(self, tag: str, orch: Orchestrator, groups: int) -> None:
+        """A log line every `progress_every_s` while a batch runs: a stalled collection shows
+        where it waits (engine, compile pool, GPU queue) instead of nothing."""
+        every = self.cfg.orchestrator.progress_every_s
+        while every > 0:
+            await anyio.sleep(every)
+            s = orch.statistics()
+            limits = " ".join(f"{k}={v.borrowed}/{v.total}+{v.waiting}w" for k, v in s.limiters.items())
+            queue = self.env_statistics()
+            busy = queue.get("gpu_queue/busy_fraction")
+            log.info("%s: %d of %d groups, %d trajectories done %s, %d in flight, %d turns, %d tokens; %s%s (%.0f s)",
+                     tag, s.groups_emitted, groups, s.finished, dict(s.by_status), s.in_flight, s.turns,
+                     s.generated_tokens, limits,
+                     "" if busy is None else f"; gpu queue depth {queue.get('gpu_queue/depth', 0):.0f}, "
+                                             f"{queue.get('gpu_queue/jobs_done', 0):.0f} jobs, busy {busy:.0%}",
+                     s.elapsed_s)
 
 
 def resolve_tokenizer(cfg: TrainConfig, run_dir: Path) -> str:

@@ -107,7 +107,7 @@ async def test_pure_torch_candidate_on_the_gpu_is_torch_compute_and_launches_no_
 
 
 async def test_final_mode_runs_more_trials_and_two_poison_pairs(pool, tmp_path):
-    ws = make_workspace(FIXTURES / "honest" / "l1_2_matmul_tiled", tmp_path)
+    ws = make_workspace(HONEST[0].parent / "l1_2_matmul_tiled", tmp_path)
     request = VerifyRequest(task_source=(ws / "model.py").read_text(), mode="final", candidate_dir=str(ws),
                             so_path=await build(pool, ws))
     verdict = await anyio.to_thread.run_sync(lambda: run_verification(request, work_dir=tmp_path))

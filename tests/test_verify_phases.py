@@ -108,10 +108,11 @@ def test_verify_trusted_phases_fit_in_the_handlers_run_time(verify_job):
 
 
 def test_child_startup_is_inside_the_parents_wait_for_the_load(verify_job):
-    """The child's import and warm-up run while the parent sets up and waits for Loaded."""
+    """The child's import and warm-up run while the parent sets up and waits for Loaded (import is
+    zero under the default zygote launcher, which imported everything once)."""
     _, v = verify_job
     p = v.phases_ms
-    assert p["child.import"] > 0.0 and p["child.warm_up"] > 0.0
+    assert p["child.import"] >= 0.0 and p["child.warm_up"] > 0.0
     assert p["child.warm_up"] + p["child.build"] <= p["load"]
     assert p["child.trial.forward"] <= p["trial.candidate"]
 

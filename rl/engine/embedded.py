@@ -512,12 +512,18 @@ class EmbeddedEngine:
         self._held.clear()
         self._idle.set()
 
+    def _on_device(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """The current CUDA device is per thread (a fresh one's is cuda:0): set the engine's."""
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        return fn(*args)
+
     async def _model_call(self, fn: Callable[..., _T], *args: Any, busy: bool = True) -> _T:
         """Run `fn` in a worker thread, the only one touching the model."""
         async with self._model_lock:
             started = time.perf_counter()
             try:
-                return await anyio.to_thread.run_sync(fn, *args)
+                return await anyio.to_thread.run_sync(self._on_device, fn, *args)
             finally:
                 if busy:
                     self._busy_s += time.perf_counter() - started
