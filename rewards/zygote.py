@@ -1,21 +1,19 @@
-"""A pre-loaded launcher of candidate and profile children: `python -P -s -m rewards.zygote`.
+"""A pre-loaded launcher of candidate and profile children, the worker's side (issue 3).
 
-What it is: one process per GPU worker, started lazily at the first job exactly as the children
-are started today (`subprocess.Popen` from the worker: same sandbox, same environment, same
-CUDA_VISIBLE_DEVICES, its own process group, dies with the worker). It imports torch,
-torch._dynamo, torch.profiler, `rewards.candidate` and `rewards.profile_child` once, WITHOUT
-initialising CUDA, then waits on a unix socket. For each job the worker sends a `Fork` (module,
-argv, cwd, environment, resource limits) with the child's fds attached (SCM_RIGHTS: the log for
-stdout/stderr, the two channel pipes); the zygote forks one fresh child, which puts those fds at
-the numbers the worker gave them, takes its own process group, chdirs, applies the limits and
-runs the module's `main(argv)`, exactly what `python -m <module> <argv>` runs. CUDA
-initialisation and everything after it happen in the forked child. Issue 3: this saves the
-child's interpreter start and imports (1.5-2.5 s of a verify job, ~2 s of a profile job).
+What it is: the trusted client of one zygote process per GPU worker (rewards.zygote_server),
+started lazily at the first job exactly as the children are started today (`subprocess.Popen`
+from the worker: same sandbox, same environment, same CUDA_VISIBLE_DEVICES, its own process
+group, dies with the worker) as `python -P -s -m rewards.zygote`. The zygote imports torch,
+torch._dynamo, torch.profiler, `rewards.candidate` and `rewards.profile_child` once, without
+initialising CUDA; for each job `launch` sends it a `Fork` with the child's fds attached and gets
+back a fresh child running `python -m <module> <argv>`, as a Popen-like `ForkedProcess`. CUDA
+initialisation and everything after it happen in the forked child. This saves the child's
+interpreter start and imports (1.5-2.5 s of a verify job, ~2 s of a profile job).
 
-What it is not: it never sees candidate code, the hidden seed or trusted tensors (it only holds
-imported modules), and it never initialises CUDA (it refuses to fork if it has). It is not the
-worker's `--fork-per-job` zygote: that one forks handlers from the worker, which is trusted; in
-fork-per-job mode the job process dies after each job and takes this zygote with it (no gain).
+What it is not: the zygote process itself (its serve loop, the fork, the child's fd placement and
+the wire protocol are rewards.zygote_server; this module's `__main__` only hands over to it). It is
+not the worker's `--fork-per-job` zygote: that one forks handlers from the worker, which is
+trusted; in fork-per-job mode the job process dies after each job and takes this zygote with it.
 
 How it is used (trusted side, `rewards.verify.CandidateProcess` with `launcher="zygote"`):
     process = launch("rewards.candidate", ["--read-fd", "5", "--write-fd", "8"], cwd=work_dir,
@@ -28,10 +26,6 @@ live zygote so the sandboxed worker's stray reaper leaves it alone.
 
 from __future__ import annotations
 
-import argparse
-import ctypes
-import gc
-import importlib
 import logging
 import os
 import resource
@@ -42,16 +36,22 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Mapping, Sequence
 
 import msgspec
-from msgspec import Struct
 
-PRELOAD = ("torch", "torch._dynamo", "torch.profiler", "rewards.candidate", "rewards.profile_child")
-CHILD_MODULES = ("rewards.candidate", "rewards.profile_child")
-MAX_MESSAGE = 1 << 18  # one Fork: argv, env, limits (a few KiB)
-MAX_FDS = 16
+from rewards.zygote_server import (
+    MAX_MESSAGE,
+    Exited,
+    Failed,
+    Fork,
+    Forked,
+    Ready,
+    encode,
+    main,
+    reply_decoder,
+)
+
 START_TIMEOUT_S = 120.0  # the imports: a few seconds, more on a loaded machine
 REPLY_TIMEOUT_S = 30.0
 logger = logging.getLogger(__name__)
@@ -60,47 +60,6 @@ RLIMITS = tuple(name for name in dir(resource) if name.startswith("RLIMIT_"))
 
 class ZygoteError(RuntimeError):
     """The zygote could not be started or could not fork: the caller spawns instead."""
-
-
-# ---------------------------------------------------------------------------------------------
-# The protocol on the socket (SOCK_SEQPACKET: one message per send, fds attached to a Fork).
-
-
-class Fork(Struct, frozen=True, kw_only=True, tag="fork"):
-    module: str
-    args: tuple[str, ...]
-    cwd: str
-    env: dict[str, str]
-    pass_fds: tuple[int, ...]  # the numbers the attached fds (after the log) get in the child
-    rlimits: dict[str, tuple[int, int]]
-
-
-class Ready(Struct, frozen=True, kw_only=True, tag="ready"):
-    pid: int
-    threads: int
-    cuda_initialized: bool
-
-
-class Forked(Struct, frozen=True, kw_only=True, tag="forked"):
-    pid: int
-
-
-class Failed(Struct, frozen=True, kw_only=True, tag="failed"):
-    error: str
-
-
-class Exited(Struct, frozen=True, kw_only=True, tag="exited"):
-    pid: int
-    code: int  # as Popen.returncode: negative for a signal
-
-
-_encode = msgspec.msgpack.encode
-_request_decoder = msgspec.msgpack.Decoder(Fork)
-_reply_decoder = msgspec.msgpack.Decoder(Ready | Forked | Failed | Exited)
-
-
-# ---------------------------------------------------------------------------------------------
-# The worker's side.
 
 
 class ForkedProcess:
@@ -166,7 +125,7 @@ class Zygote:
         request = Fork(module=module, args=tuple(args), cwd=str(cwd), env=dict(env), pass_fds=tuple(pass_fds),
                        rlimits=limits)
         try:
-            socket.send_fds(self.sock, [_encode(request)], [log_fd, *pass_fds])
+            socket.send_fds(self.sock, [encode(request)], [log_fd, *pass_fds])
             reply = self._receive(REPLY_TIMEOUT_S, until=(Forked, Failed))
         except OSError as exc:
             self.close()
@@ -205,7 +164,7 @@ class Zygote:
             data = self.sock.recv(MAX_MESSAGE)
             if not data:
                 raise ConnectionResetError("the zygote closed its socket")
-            reply = _reply_decoder.decode(data)
+            reply = reply_decoder.decode(data)
             if isinstance(reply, Exited):
                 self.exits[reply.pid] = reply.code
             if isinstance(reply, until):
@@ -277,155 +236,5 @@ def shutdown() -> None:
         _current = None
 
 
-# ---------------------------------------------------------------------------------------------
-# The zygote's side.
-
-
-def _die_with(parent_pid: int) -> None:
-    """SIGKILL when our parent dies (PR_SET_PDEATHSIG); exit now if it already has."""
-    try:
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent_pid:
-        os._exit(1)
-
-
-def serve(sock: socket.socket) -> int:
-    """Fork on each request, report each child's exit; return when the worker closes the socket."""
-    poller = select.poll()
-    poller.register(sock.fileno(), select.POLLIN)
-    children: dict[int, int] = {}  # pidfd -> pid
-    while True:
-        for fd, _ in poller.poll():
-            if fd != sock.fileno():
-                pid = children.pop(fd)
-                poller.unregister(fd)
-                os.close(fd)
-                _, status = os.waitpid(pid, 0)
-                sock.send(_encode(Exited(pid=pid, code=os.waitstatus_to_exitcode(status))))
-                continue
-            try:
-                data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
-            except OSError:
-                data, fds = b"", []
-            if not data:
-                return 0
-            reply = _fork(data, fds, sock)
-            if isinstance(reply, Forked):
-                pidfd = os.pidfd_open(reply.pid)
-                children[pidfd] = reply.pid
-                poller.register(pidfd, select.POLLIN)
-            sock.send(_encode(reply))
-
-
-def _fork(data: bytes, fds: list[int], sock: socket.socket) -> Forked | Failed:
-    try:
-        request = _request_decoder.decode(data)
-        if request.module not in CHILD_MODULES or len(fds) != 1 + len(request.pass_fds):
-            return Failed(error=f"bad request: {request.module}, {len(fds)} fds")
-        if sys.modules["torch"].cuda.is_initialized():  # a forked child would share the context
-            return Failed(error="CUDA is initialised in the zygote")
-        for stream in (sys.stdout, sys.stderr):  # nothing of ours may reach the child's log
-            stream.flush()
-        zygote_pid = os.getpid()
-        pid = os.fork()
-        if pid == 0:
-            _run_child(request, fds, sock, zygote_pid)
-        try:
-            os.setpgid(pid, pid)  # also here: the worker may killpg before the child has run
-        except OSError:
-            pass
-        return Forked(pid=pid)
-    except Exception as exc:  # noqa: BLE001 - a bad request is answered, the zygote lives on
-        return Failed(error="".join(traceback.format_exception_only(exc)))
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
-def _run_child(request: Fork, fds: list[int], sock: socket.socket, zygote_pid: int) -> None:
-    """In the forked child: become what `python -m module args` would be, run it, exit."""
-    code = 1
-    try:
-        os.setpgid(0, 0)
-        _die_with(zygote_pid)
-        sock.detach()  # its fd is closed below with the rest; the object must not close a reused number
-        _place_fds(fds[0], fds[1:], request.pass_fds)
-        for name, (soft, hard) in request.rlimits.items():  # the worker's limits as they are now
-            if resource.getrlimit(getattr(resource, name)) != (soft, hard):
-                resource.setrlimit(getattr(resource, name), (soft, hard))
-        os.chdir(request.cwd)
-        os.environ.clear()
-        os.environ.update(request.env)
-        _reseed()
-        module = sys.modules[request.module]
-        from rewards.verify_phases import process_age_ms
-
-        # The child's own account (rewards.verify_phases): its process is new, its imports free.
-        module._STARTUP_MS.clear()
-        module._STARTUP_MS.update({"interpreter": process_age_ms(), "import": 0.0})
-        sys.argv = [module.__file__, *request.args]
-        code = module.main(list(request.args))
-    except SystemExit as exc:
-        code = exc.code
-    except BaseException:  # noqa: BLE001 - as an uncaught exception at the top of `python -m`
-        traceback.print_exc()
-        code = 1
-    finally:
-        if code is not None and not isinstance(code, int):
-            print(code, file=sys.stderr)
-            code = 1
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code or 0)
-
-
-def _place_fds(log_fd: int, received: Sequence[int], targets: Sequence[int]) -> None:
-    """stdin /dev/null, stdout and stderr the log, each received fd at its target number (as
-    Popen's pass_fds), every other fd closed (as close_fds=True)."""
-    high = max([log_fd, *received, *targets, 2]) + 1
-    moved = [os.dup2(fd, high + i, inheritable=True) for i, fd in enumerate([log_fd, *received])]
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(moved[0], 1)
-    os.dup2(moved[0], 2)
-    for fd, target in zip(moved[1:], targets):
-        os.dup2(fd, target, inheritable=True)
-    keep = sorted({0, 1, 2, *targets})
-    for low, up in zip(keep, [*keep[1:], resource.getrlimit(resource.RLIMIT_NOFILE)[0]]):
-        os.closerange(low + 1, up)
-
-
-def _reseed() -> None:
-    """A spawned child draws fresh entropy at start; forked ones would share the zygote's state
-    (Python's `random` reseeds itself after fork; numpy's legacy global state does not)."""
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()
-
-
-def _threads() -> int:
-    return len(os.listdir("/proc/self/task"))
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rewards.zygote", description=__doc__.split("\n")[0])
-    parser.add_argument("--socket-fd", type=int, required=True)
-    parser.add_argument("--parent-pid", type=int, required=True)
-    args = parser.parse_args(argv)
-    _die_with(args.parent_pid)
-    sock = socket.socket(fileno=args.socket_fd)
-    for name in PRELOAD:
-        importlib.import_module(name)
-    torch = sys.modules["torch"]
-    gc.freeze()  # children copy fewer pages: the collector leaves the preloaded objects alone
-    sock.send(_encode(Ready(pid=os.getpid(), threads=_threads(), cuda_initialized=torch.cuda.is_initialized())))
-    return serve(sock)
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # the zygote process: rewards.zygote_server
     sys.exit(main())
