@@ -175,6 +175,10 @@ def worker_env(config: GpuQueueConfig, gpu: int, scratch: Path) -> dict[str, str
     # keeps the pool's write pipe open in the parent, so the next compile would wait forever on
     # a reaped pool (seen on an H100: a profile job hung with the GPU idle).
     env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+    # Inductor's caches live under TMPDIR, the scratch dir emptied after every job (a candidate
+    # must not leave anything for a later job's baselines); its precompiled C++ header path is
+    # remembered per process, so a later CPU compile would include a deleted file.
+    env["TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"] = "0"
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     # The worker runs `-m rewards.worker`: make this very project importable whether or not it
     # is pip-installed (a checkout run with PYTHONPATH, as on the GPU machines).
