@@ -22,6 +22,9 @@ For a packed row of documents with lengths L_d, T = sum L_d tokens, l layers, q 
           document attends only to itself, hence the sum over documents, not T^2).
   update  actor 6 N_a T + 6 l q sum L^2; critic 6 N_c T + 6 l q sum L^2; plus the critic's
           no-grad value pass 2 N_c T + 2 l q sum L^2 (it is a real forward of the algorithm).
+  LM head by default the actor's head runs only at action positions (about half the tokens), and
+          its vocab x hidden part of N_a counts for those only; `--full-head` runs (and counts)
+          it over every token, for comparison.
 MFU = model FLOPs of all ranks / (step time x peak bf16 dense FLOP/s per GPU x GPUs); peak 989
 TFLOP/s on H100 SXM and H200 (detected from the device name; `--peak-tflops` overrides).
 
@@ -125,9 +128,10 @@ def synthetic_batch(
     return samples
 
 
-def update_flops(hf_cfg: dict, samples: list[Sample]) -> float:
+def update_flops(hf_cfg: dict, samples: list[Sample], head_on_actions_only: bool = True) -> float:
     """Model FLOPs of one ppo_step on `samples` (`rl.perf`, the accounting training reports)."""
-    return perf.update_flops(hf_cfg, [len(s.token_ids) for s in samples], "ppo")
+    head = perf.action_positions([s.action_mask for s in samples]) if head_on_actions_only else None
+    return perf.update_flops(hf_cfg, [len(s.token_ids) for s in samples], "ppo", head_tokens=head)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,11 +140,12 @@ def update_flops(hf_cfg: dict, samples: list[Sample]) -> float:
 
 def build(
     size: str, d: Dist, ac: bool, attn: str, compile_head: bool = True, reshard: bool = True, compile_layers: bool = False,
-    ac_every: int = 1, fused_adam: bool = False,
+    ac_every: int = 1, fused_adam: bool = False, head_on_actions_only: bool = True,
 ) -> tuple:
     """Actor and critic, sharded, with AdamW; the models are created on the device directly."""
     cfg = ModelConfig(
-        hf_config=model_config(size), attn_implementation=attn, gradient_checkpointing=ac, compile_head=compile_head
+        hf_config=model_config(size), attn_implementation=attn, gradient_checkpointing=ac, compile_head=compile_head,
+        head_on_actions_only=head_on_actions_only,
     )
     with torch.device(d.device):
         actor, critic = build_actor(cfg, d.device), build_critic(cfg, d.device)
@@ -159,7 +164,10 @@ def build(
 def run_one(size: str, tokens: int, args: argparse.Namespace, d: Dist) -> dict:
     """Warm up, then time `args.steps` PPO updates; one result row (global figures)."""
     hf_cfg = model_config(size)
-    actor, critic, actor_opt, critic_opt, params = build(size, d, not args.no_ac, args.attn, not args.no_compile_head, not args.no_reshard, args.compile_blocks, args.ac_every, args.fused_adam)
+    actor, critic, actor_opt, critic_opt, params = build(
+        size, d, not args.no_ac, args.attn, not args.no_compile_head, not args.no_reshard, args.compile_blocks,
+        args.ac_every, args.fused_adam, head_on_actions_only=not args.full_head,
+    )
     rng = random.Random(args.seed * 1000 + d.rank)
     cfg = PPOConfig(token_budget=tokens)
     batches = [
@@ -181,7 +189,7 @@ def run_one(size: str, tokens: int, args: argparse.Namespace, d: Dist) -> dict:
             print(f"  step {i} ({'timed' if timed else 'warm-up'}): {time.perf_counter() - t0:.2f} s", file=sys.stderr, flush=True)
         if timed:
             times.append(time.perf_counter() - t0)
-            flops.append(_global_sum(update_flops(hf_cfg, samples), d))
+            flops.append(_global_sum(update_flops(hf_cfg, samples, not args.full_head), d))
             seen.append(metrics["tokens"])
     peak = peak_flops(d.device, args.peak_tflops)
     step_s = statistics.median(times)
@@ -197,6 +205,7 @@ def run_one(size: str, tokens: int, args: argparse.Namespace, d: Dist) -> dict:
         "fused_adam": args.fused_adam,
         "attn": args.attn,
         "compile_head": not args.no_compile_head,
+        "head_on_actions_only": not args.full_head,
         "reshard_after_forward": not args.no_reshard,
         "compile_blocks": args.compile_blocks,
         "step_s": times,
@@ -275,6 +284,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--fused-adam", action="store_true", help="AdamW(fused=True) for actor and critic")
     p.add_argument("--no-compile-head", action="store_true", help="eager log-softmax/entropy over the LM head chunks")
     p.add_argument("--compile-blocks", action="store_true", help="torch.compile each decoder block's forward")
+    p.add_argument("--full-head", action="store_true", help="LM head over every position, not only the action ones")
     p.add_argument("--no-reshard", action="store_true", help="keep gathered bf16 weights between forward and backward")
     p.add_argument("--attn", default="auto", help="attention implementation (auto: flex_attention on CUDA)")
     p.add_argument("--peak-tflops", type=float, help="peak bf16 dense TFLOP/s per GPU (overrides detection)")

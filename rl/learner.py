@@ -100,8 +100,9 @@ class Learner:
         if peak is None:
             return out
         updates = self.cfg.ppo.updates_per_batch if kind == "ppo" else 1
+        head = perf.action_positions([s.action_mask for s in samples]) if self.cfg.model.head_on_actions_only else None
         flops = torch.tensor(perf.update_flops(self.actor.lm.config.to_dict(), [len(s.token_ids) for s in samples],
-                                               kind, updates), dtype=torch.float64, device=device)
+                                               kind, updates, head_tokens=head), dtype=torch.float64, device=device)
         if self.dist.world_size > 1:
             torch.distributed.all_reduce(flops)  # this rank's share -> the update's
         return out | {"mfu": float(flops) / (seconds * peak * self.dist.world_size)}

@@ -2,7 +2,8 @@
 
 What it is: `Actor` wraps a Hugging Face causal LM and returns, for packed sequences, the
 log-prob of each target token and the entropy of each next-token distribution, in fp32, without
-ever building the full [T, vocab] logits; `Critic` is the same backbone without the LM head and
+ever building the full [T, vocab] logits (and, given the action mask, running the LM head only at
+the positions the losses read); `Critic` is the same backbone without the LM head and
 with a scalar value head. `build_actor` / `build_critic` load them from a local HF directory or
 initialise them at random from a Qwen2-style config dict; `tiny_qwen2_config` / `qwen2_config`
 give such dicts; `flops_per_token` and `count_params` feed the MFU figures.
@@ -20,6 +21,7 @@ Example:
     cfg = ModelConfig(hf_config=tiny_qwen2_config(vocab_size=32))
     actor, critic = build_actor(cfg, "cpu"), build_critic(cfg, "cpu")
     logprobs, entropy = actor(input_ids, position_ids, targets)   # [1, T] fp32 each
+    logprobs, entropy = actor(input_ids, position_ids, targets, mask)  # LM head where mask > 0 only
     values = critic(input_ids, position_ids)                       # [1, T] fp32
 """
 
@@ -60,6 +62,10 @@ class ModelConfig(Struct, frozen=True, kw_only=True):
     compile_head: bool = True
     """On CUDA, fuse the fp32 log-softmax / gather / entropy over each chunk's logits into
     compiled kernels (eager runs them as ~6 passes over a [chunk, vocab] fp32 tensor each way)."""
+    head_on_actions_only: bool = True
+    """Run the actor's LM head + log-softmax only at the positions whose next token is an action
+    (the `mask` the update passes); prompt and tool-output positions, which no loss reads, get 0.
+    Same losses and gradients as the full head (tests/test_head_actions.py); False = every position."""
     seed: int = 0
     """Seed of the random init (actor and critic backbones start equal)."""
 
@@ -67,36 +73,66 @@ class ModelConfig(Struct, frozen=True, kw_only=True):
 class Actor(nn.Module):
     """A causal LM that returns per-token log-probs and entropies of packed sequences."""
 
-    def __init__(self, lm: nn.Module, logprob_chunk_tokens: int = 4096, compile_head: bool = False) -> None:
+    def __init__(
+        self, lm: nn.Module, logprob_chunk_tokens: int = 4096, compile_head: bool = False,
+        head_on_actions_only: bool = False,
+    ) -> None:
         super().__init__()
         self.lm = lm
         self.logprob_chunk_tokens = logprob_chunk_tokens
         self.compile_head = compile_head
+        self.head_on_actions_only = head_on_actions_only
 
     def forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, targets: torch.Tensor
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, targets: torch.Tensor,
+        mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """logprobs[t] = log p(targets[t] | tokens <= t) and the entropy at t; [1, T] fp32 each.
 
-        The caller passes targets = input_ids shifted left by one within each document.
+        The caller passes targets = input_ids shifted left by one within each document. With
+        `mask` ([1, T], > 0 where targets[t] is an action: `MicroBatch.mask`) and
+        head_on_actions_only, the LM head runs on those positions only; both outputs are 0 elsewhere.
         """
+        # The indices first: nonzero waits for the device, which here has only the micro-batch's
+        # copies queued, not the backbone's forward.
+        keep = mask[0].nonzero().squeeze(1) if mask is not None and self.head_on_actions_only else None  # [A]
         hidden = self.lm.base_model(
             input_ids=input_ids, position_ids=position_ids, use_cache=False,
             **attention_kwargs(self.lm, position_ids),
         ).last_hidden_state  # [1, T, H]
-        head = self.lm.get_output_embeddings()
         hidden, targets = hidden[0], targets[0]  # [T, H], [T]
-        stats = _compiled_stats() if self.compile_head and hidden.is_cuda else _logit_stats
+        if keep is None:
+            logprobs, entropy = self._head_stats(hidden, targets)
+            return logprobs.unsqueeze(0).clone(), entropy.unsqueeze(0).clone()  # [1, T]
+        # The packed row is [1, T]: one gather over the flattened sequence, one scatter back.
+        logprobs, entropy = self._head_stats(hidden.index_select(0, keep), targets.index_select(0, keep))  # [A]
+        T = input_ids.shape[1]
+        return (
+            logprobs.new_zeros(1, T).index_copy(1, keep, logprobs[None]),
+            entropy.new_zeros(1, T).index_copy(1, keep, entropy[None]),
+        )  # [1, T]
+
+    def _head_stats(self, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs of `targets` and entropies under the LM head, chunk by chunk; [n, H] -> [n] each.
+
+        An empty `hidden` (a row without actions, e.g. a dummy micro-batch) still runs one empty
+        chunk: the head weight gets its (zero) gradient, so FSDP2 reduce-scatters the same
+        parameters on every rank even when the head is not tied to the embedding.
+        """
+        head = self.lm.get_output_embeddings()
+        compiled = self.compile_head and hidden.is_cuda
         logprobs, entropy = [], []
-        for start in range(0, hidden.shape[0], self.logprob_chunk_tokens):
+        for start in range(0, max(hidden.shape[0], 1), self.logprob_chunk_tokens):
             end = start + self.logprob_chunk_tokens
+            # Compiled kernels for a zero-row chunk would be one more specialisation for nothing.
+            stats = _compiled_stats() if compiled and hidden.shape[0] > 0 else _logit_stats
             # Recomputed in backward: only one chunk's [c, vocab] logits is ever alive.
             lp, ent = checkpoint(
                 _head_logprobs, head, hidden[start:end], targets[start:end], stats, use_reentrant=False
             )
             logprobs.append(lp)
             entropy.append(ent)
-        return torch.cat(logprobs).unsqueeze(0).clone(), torch.cat(entropy).unsqueeze(0).clone()  # [1, T]
+        return torch.cat(logprobs), torch.cat(entropy)
 
 
 def _head_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, stats) -> tuple[torch.Tensor, torch.Tensor]:
@@ -183,7 +219,7 @@ def build_actor(cfg: ModelConfig, device: torch.device | str) -> Actor:
         lm = AutoModelForCausalLM.from_pretrained(cfg.path, local_files_only=True, **kwargs)
     else:
         lm = _random_causal_lm(cfg, kwargs)
-    return Actor(lm, cfg.logprob_chunk_tokens, cfg.compile_head).to(device)
+    return Actor(lm, cfg.logprob_chunk_tokens, cfg.compile_head, cfg.head_on_actions_only).to(device)
 
 
 def build_critic(cfg: ModelConfig, device: torch.device | str) -> Critic:

@@ -6,6 +6,9 @@ with l layers and q = heads x head_dim:
   dense      2 N L per forward, 6 N L per forward + backward; N counts the matmul weights a token
              goes through (decoder layers, plus the LM head for the actor, or the value head for
              the critic; embedding lookups are free);
+  LM head    vocab x hidden of the actor's N, counted only for the `head_tokens` positions it runs
+             on: with `ModelConfig.head_on_actions_only` (the default) the positions whose next
+             token is an action (`action_positions`), else every token;
   attention  QK^T and AV, causal: 2 l q L^2 per forward, 6 l q L^2 forward + backward (document
              masking: each document attends only to itself, hence per document, not per row).
   update     ppo    (actor 6 N_a + critic 6 N_c per token, plus attention) x updates_per_batch,
@@ -16,7 +19,8 @@ MFU = global model FLOPs / (update seconds x peak bf16 dense FLOP/s per GPU x GP
 activation-checkpoint and LM-head recomputation, and the KL reference's forward, are not counted.
 What it is not: a profiler. Peaks are the data-sheet dense bf16 figures (no sparsity).
 
-    flops = update_flops(hf_config, [len(s.token_ids) for s in samples], "ppo")
+    flops = update_flops(hf_config, [len(s.token_ids) for s in samples], "ppo",
+                         head_tokens=action_positions([s.action_mask for s in samples]))
     mfu = flops / (seconds * peak_flops("NVIDIA H100 80GB HBM3") * world_size)
 """
 
@@ -55,16 +59,28 @@ def matmul_params(hf_config: dict[str, Any]) -> tuple[float, float]:
     return float(body + vocab * h), float(body + h)
 
 
-def update_flops(hf_config: dict[str, Any], doc_lengths: Sequence[int], kind: str, updates: int = 1) -> float:
-    """Model FLOPs of one update of `kind` over documents of these lengths (module docstring)."""
+def action_positions(action_masks: Sequence[Sequence[int]]) -> int:
+    """Positions the actor's LM head runs on under head_on_actions_only: those whose next token is
+    an action, i.e. the actions after each document's first token (`rl.packing`'s position mask)."""
+    return sum(sum(map(bool, mask)) - bool(mask[0]) for mask in action_masks if len(mask))
+
+
+def update_flops(
+    hf_config: dict[str, Any], doc_lengths: Sequence[int], kind: str, updates: int = 1,
+    *, head_tokens: float | None = None,
+) -> float:
+    """Model FLOPs of one update of `kind` over documents of these lengths (module docstring);
+    the actor's LM head counts for `head_tokens` positions (None: every token, the full head)."""
     if kind not in KINDS:
         raise ValueError(f"unknown update kind {kind!r}; have {KINDS}")
     n_actor, n_critic = matmul_params(hf_config)
     c = hf_config
     q = c["num_attention_heads"] * (c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
     tokens = float(sum(doc_lengths))
+    head = float(c["vocab_size"] * c["hidden_size"])
+    head_tokens = tokens if head_tokens is None else float(head_tokens)
     attn_fwd = 2.0 * c["num_hidden_layers"] * q * float(sum(n * n for n in doc_lengths))
-    actor = 6.0 * n_actor * tokens + 3.0 * attn_fwd
+    actor = 6.0 * (n_actor - head) * tokens + 6.0 * head * head_tokens + 3.0 * attn_fwd
     critic = 6.0 * n_critic * tokens + 3.0 * attn_fwd
     values = 2.0 * n_critic * tokens + attn_fwd
     if kind == "ppo":
@@ -74,4 +90,4 @@ def update_flops(hf_config: dict[str, Any], doc_lengths: Sequence[int], kind: st
     return values + critic
 
 
-__all__ = ["KINDS", "PEAK_BF16_FLOPS", "matmul_params", "peak_flops", "update_flops"]
+__all__ = ["KINDS", "PEAK_BF16_FLOPS", "action_positions", "matmul_params", "peak_flops", "update_flops"]

@@ -88,12 +88,13 @@ def compute_logprobs(
     actor: nn.Module, samples: Sequence[Sample], cfg: PPOConfig, device: torch.device | str, *, group=None
 ) -> list[Tensor]:
     """Per-token log-probs of each sample under `actor` (e.g. the frozen reference policy for the
-    KL penalty), no grad: token-indexed fp32 CPU tensors [n]; entry i is log p(token i | < i)."""
+    KL penalty), no grad: token-indexed fp32 CPU tensors [n]; entry i is log p(token i | < i) for
+    action tokens, and for the others too unless the actor's head runs on actions only (then 0)."""
     out: list[Tensor] = [torch.zeros(0)] * len(samples)
     with torch.no_grad():
         for mb in _aligned(micro_batches(samples, cfg.token_budget), (), group):
             mb = mb.to(device)
-            logprobs = actor(mb.input_ids, mb.position_ids, mb.targets)[0].float().cpu()  # [1, T]
+            logprobs = actor(mb.input_ids, mb.position_ids, mb.targets, mask=mb.mask)[0].float().cpu()  # [1, T]
             for i, lp in zip(mb.sample_index, mb.split(logprobs)):
                 out[i] = torch.cat([lp.new_zeros(1), lp[:-1]])
     return out
@@ -172,7 +173,7 @@ def sft_step(
     norm = max(actions, 1.0)
     m = _Metrics(device)
     for mb in mbs:
-        logprobs, entropy = actor(mb.input_ids, mb.position_ids, mb.targets)  # [1, T]
+        logprobs, entropy = actor(mb.input_ids, mb.position_ids, mb.targets, mask=mb.mask)  # [1, T]
         loss = -ppo.masked_sum(logprobs, mb.mask) / norm
         loss.backward()
         m.add("sft_loss", loss.detach())
@@ -213,7 +214,8 @@ def value_step(
 
 
 def _actor_loss(actor: nn.Module, mb: MicroBatch, cfg: PPOConfig, norm: float, m: _Metrics) -> Tensor:
-    logprobs, entropy = actor(mb.input_ids, mb.position_ids, mb.targets)  # [1, T] fp32
+    # mask: the actor may run its LM head only where the loss reads (ModelConfig.head_on_actions_only).
+    logprobs, entropy = actor(mb.input_ids, mb.position_ids, mb.targets, mask=mb.mask)  # [1, T] fp32
     # At updates_per_batch 1 the policy that is updated is the one these log-probs come from.
     old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
     weights = ppo.tis_weights(old, mb.behaviour_logprobs, cfg.tis_cap or 2.0)
@@ -258,7 +260,7 @@ def _critic_loss(critic: nn.Module, mb: MicroBatch, clip: float | None, norm: fl
 
 def _no_grad_logprobs(actor: nn.Module, mb: MicroBatch) -> Tensor:
     with torch.no_grad():
-        return actor(mb.input_ids, mb.position_ids, mb.targets)[0]
+        return actor(mb.input_ids, mb.position_ids, mb.targets, mask=mb.mask)[0]
 
 
 def _clip_and_step(model: nn.Module, opt: torch.optim.Optimizer, max_norm: float, m: _Metrics) -> Tensor:
