@@ -52,11 +52,15 @@ def smoke() -> TrainConfig:
         ),
         ppo=PPOConfig(token_budget=16384),
         optim=OptimConfig(actor_lr=1e-4, critic_lr=1e-4, sft_lr=2e-3),
-        steps=StepsConfig(rft=60, value=4, ppo=3),
+        # 200 rft steps (~0.1 s each on a GPU): the tiny model memorises the demonstrations (CPU,
+        # 2 demos: sft loss 0.05 after 100 steps, 0.0008 after 200), so its PPO rollouts make
+        # well-formed tool calls and real kernels get compiled, verified and profiled.
+        steps=StepsConfig(rft=200, value=4, ppo=3),
         # Four demonstrations whose problems verify in seconds (the 6 GB elementwise ones take a minute).
         data=DataConfig(tasks="demos", demos=4, tasks_per_step=4, samples_per_task=2,
                         demo_names=("l1_1_matmul_cublas", "l1_47_sum_dim", "l1_51_argmax_dim", "l1_95_cross_entropy")),
-        rollout=RolloutConfig(max_turns=6, max_new_tokens=512, max_context_tokens=12288,
+        # A demonstration's write turn (all solution files in one reply) is ~2,000 tokens.
+        rollout=RolloutConfig(max_turns=6, max_new_tokens=4096, max_context_tokens=12288,
                               tool_timeout_s=600.0, seed=0),
         orchestrator=OrchestratorConfig(workers=16, model_slots=16, compile_slots=4, gpu_slots=1),
         engine=EngineSection(embedded=EmbeddedEngineConfig(max_batch_size=16)),

@@ -177,7 +177,10 @@ async def rft_step(run: Run, tasks: list[Task], g: int, k: int) -> dict:
         raise SystemExit("rejection fine-tuning: no trajectory with reward > 0 to learn from")
     batch = _cyclic(kept, k, run.cfg.data.tasks_per_step * run.cfg.data.samples_per_task)
     times: dict[str, float] = {}
-    train, sync = await _update(run, "sft", batch, g, times)
+    # Nothing generates between two rft steps: the engines get the weights after the stage's last
+    # step (a resumed run pushes them at its start), not after every step.
+    last = g + 1 == run.stage_end
+    train, sync = await _update(run, "sft", batch, g, times, sync=last)
     run.version = int(sync.get("version", run.version))
     return {f"train/{k_}": v for k_, v in train.items()} | _sync(sync) | times | {
         "rft/kept": len(kept)} | (run.collect_metrics if first else {})

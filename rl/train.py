@@ -85,8 +85,25 @@ def main(argv: list[str]) -> int:
         print(f"cuda-agent train: {cfg.run_dir} has checkpoints; pass --resume or another --run-dir", file=sys.stderr)
         return 2
     rows = runtime.run(run_training, cfg)
-    print(f"cuda-agent train: {len(rows)} steps done in {cfg.run_dir}")
+    print(f"cuda-agent train: {run_summary(Path(cfg.run_dir), len(rows))}")
     return 0
 
 
-__all__ = ["main", "parse_args", "run_training", "msgspec"]
+def run_summary(run_dir: Path, finished_rows: int) -> str:
+    """What the run holds on disk: a signal leaves `rows` empty, the steps it did are in its files."""
+    steps = _count_lines(run_dir / "metrics.jsonl")
+    latest = run_dir / "ckpt" / "latest"
+    ckpt = latest.read_text().strip() if latest.exists() else "none"
+    ended = "finished" if finished_rows else "stopped"
+    return f"{ended}; {steps} step(s) in {run_dir}/metrics.jsonl, latest checkpoint {ckpt}"
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        with path.open("rb") as f:
+            return sum(1 for line in f if line.strip())
+    except FileNotFoundError:
+        return 0
+
+
+__all__ = ["main", "parse_args", "run_summary", "run_training", "msgspec"]

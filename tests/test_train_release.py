@@ -47,6 +47,13 @@ async def test_every_update_of_the_cpu_smoke_run_releases_and_resumes_the_engine
     assert "sync/version" not in rows[1]  # the value step pushes no weights, yet resumes
 
 
+
+async def test_rft_pushes_the_weights_once_after_its_last_step(tmp_path):
+    with anyio.fail_after(BOUND_S):
+        rows = await run_training(config(tmp_path, "stage=rft", "steps.rft=3"))
+    assert ["sync/version" in r for r in rows] == [False, False, True]  # no rollouts between rft steps
+    assert rows[2]["sync/version"] >= 1
+
 async def test_nothing_is_released_while_the_next_rollouts_overlap_training(tmp_path):
     cfg = config(tmp_path, "stage=ppo", "max_staleness=1")
     with anyio.fail_after(BOUND_S):

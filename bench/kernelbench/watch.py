@@ -354,7 +354,9 @@ def main_watch(argv: list[str]) -> int:
             tg.cancel_scope.cancel()
 
     runtime.run(go)
-    print(f"cuda-agent bench --watch: {len(rows)} checkpoint(s) benchmarked")
+    done = sorted(benchmarked_steps(args.watch))  # a signal leaves `rows` short; the records on disk are whole
+    print(f"cuda-agent bench --watch: {len(done)} checkpoint(s) benchmarked in {args.watch / 'bench'}"
+          f"{f' (steps {done})' if done else ''}")
     return 0
 
 
