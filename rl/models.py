@@ -210,13 +210,18 @@ class Critic(nn.Module):
         return self.value_head(hidden)[..., 0].float().clone()  # [1, T] (a fresh tensor, not a view)
 
 
-def build_actor(cfg: ModelConfig, device: torch.device | str) -> Actor:
-    """The actor on `device`, from `cfg.path` or at random from `cfg.hf_config` (seeded)."""
+def build_actor(cfg: ModelConfig, device: torch.device | str, *, init: bool = True) -> Actor:
+    """The actor on `device`, from `cfg.path` or at random from `cfg.hf_config` (seeded). With
+    `init=False` a random-config actor's weights are left uninitialised, for a caller that loads
+    every one of them next (a checkpoint export: a 1.5B random init costs ~25 s of CPU)."""
     from transformers import AutoModelForCausalLM
 
     kwargs = _load_kwargs(cfg, device)
     if cfg.path is not None:
         lm = AutoModelForCausalLM.from_pretrained(cfg.path, local_files_only=True, **kwargs)
+    elif not init:
+        with _no_weight_init():
+            lm = _random_causal_lm(cfg, kwargs)
     else:
         lm = _random_causal_lm(cfg, kwargs)
     return Actor(lm, cfg.logprob_chunk_tokens, cfg.compile_head, cfg.head_on_actions_only).to(device)
@@ -260,6 +265,15 @@ def _random_causal_lm(cfg: ModelConfig, kwargs: dict[str, Any]) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         return AutoModelForCausalLM.from_config(hf_cfg, **kwargs)
+
+
+def _no_weight_init():
+    """transformers' context that skips parameter initialisation (its module moved in 5.x)."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:
+        from transformers.modeling_utils import no_init_weights
+    return no_init_weights()
 
 
 def layers(module: nn.Module) -> list[nn.Module]:

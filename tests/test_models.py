@@ -43,6 +43,16 @@ def test_seed_decides_the_random_init():
     assert not torch.equal(w(same), w(other))
 
 
+
+def test_an_uninitialised_actor_loaded_from_a_state_equals_the_original():
+    cfg = ModelConfig(hf_config=TINY, seed=5)
+    ref, bare = build_actor(cfg, "cpu"), build_actor(cfg, "cpu", init=False)
+    assert bare.lm.state_dict().keys() == ref.lm.state_dict().keys()
+    bare.lm.load_state_dict(ref.lm.state_dict())
+    ids = torch.randint(0, 32, (1, 12))
+    with torch.no_grad():
+        assert torch.equal(bare.lm(ids).logits, ref.lm(ids).logits)  # rotary buffers are built, not skipped
+
 def test_build_from_local_directory_loads_the_weights(tmp_path):
     source = build_actor(ModelConfig(hf_config=TINY, seed=7), "cpu")
     hf_model(source).save_pretrained(tmp_path)

@@ -152,7 +152,7 @@ def export_checkpoint(run_dir: Path, ckpt: Path, out: Path, dtype: str = "bfloat
     tokenizer = cfg.data.tokenizer or cfg.model.path
     if not tokenizer:
         raise SystemExit(f"{run_dir}/config.json names no tokenizer (data.tokenizer) nor model.path")
-    actor = build_actor(cfg.model, "cpu")
+    actor = build_actor(cfg.model, "cpu", init=False)  # every weight comes from the checkpoint
     checkpoint.load(ckpt, actor=actor)
     return checkpoint.export_hf(actor, tokenizer, out, dtype=getattr(torch, dtype))
 
