@@ -99,6 +99,9 @@ class DataConfig(Struct, frozen=True, kw_only=True):
     """Demonstration tasks driven through the real tools for rejection fine-tuning (smoke)."""
     demo_names: tuple[str, ...] = ()
     """Which bundled demonstrations (directory names in rl/demos); empty = the first `demos`."""
+    with_demo_tasks: bool = False
+    """Also train on the demonstration tasks (`demos`, `demo_names`) next to a task file's: after
+    rft on their demonstrations a random-weight model's rollouts write real kernels for them."""
     collect_tasks: int = 0
     """Tasks rolled out by one rft/value collection (the first of the step-0 order); 0: all."""
     seed: int = 0

@@ -68,6 +68,8 @@ def training_tasks(cfg: TrainConfig) -> list[Task]:
         log.error("skipping task: %s", problem)
     if not tasks:
         raise SystemExit(f"no usable tasks in {cfg.data.tasks}")
+    if cfg.data.with_demo_tasks:
+        tasks = [d.task for d in demo_tasks(cfg.data.demos, cfg.data.demo_names)] + tasks
     return tasks
 
 
