@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from typing import Callable, Protocol, Sequence
 
 import anyio
@@ -64,9 +65,20 @@ class RolloutConfig(Struct, frozen=True, kw_only=True):
     top_k: int = -1
     """Top-k sampling; -1 keeps all tokens."""
     seed: int | None = None
-    """Base sampling seed (per turn: seed + turn index); None samples freely."""
+    """Base sampling seed; None samples freely. Each trajectory (group, sample) gets its own block
+    of seeds from it (`turn_seed`), so the samples of a group differ and a rerun samples alike."""
     tokenizer_threads: int = 2
     """Worker threads that tokenize tool observations off the event loop."""
+
+
+TURN_STRIDE = 10_000
+"""Seeds per trajectory block: turn t of a trajectory samples with its block start + t."""
+
+
+def turn_seed(base: int, group_id: str, sample_index: int, turn: int) -> int:
+    """The sampling seed of one turn of trajectory (group_id, sample_index)."""
+    block = zlib.crc32(f"{group_id}/{sample_index}".encode()) % 100_000
+    return base + block * TURN_STRIDE + turn
 
 
 class RolloutIds(Struct, frozen=True, kw_only=True):
@@ -240,7 +252,7 @@ class RolloutRunner:
             top_p=c.top_p,
             top_k=c.top_k,
             stop_token_ids=tuple(self.renderer.stop_token_ids),
-            seed=None if c.seed is None else c.seed + index,
+            seed=None if c.seed is None else turn_seed(c.seed, ep.ids.group_id, ep.ids.sample_index, index),
         )
         t0 = time.perf_counter()
         gen = await self.engine.generate(

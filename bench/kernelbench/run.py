@@ -43,7 +43,7 @@ from agentcore.engine import Engine
 from agentcore.kernel_env import FakeKernelEnv, KernelEnv
 from agentcore.orchestrator import Orchestrator, OrchestratorConfig, Resources, WorkItem
 from agentcore.progress import show_progress
-from agentcore.rollout import RolloutConfig, RolloutRunner
+from agentcore.rollout import TURN_STRIDE, RolloutConfig, RolloutRunner
 from agentcore.sandbox import Sandbox, SandboxConfig
 from agentcore.session import WorkspaceTools
 from agentcore.store import TrajectoryStore
@@ -71,7 +71,7 @@ class SeededEngine:
 
     async def generate(self, input_ids, params, *, session_id: str):
         group, index = group_of(session_id), int(session_id.rsplit("/", 2)[1])
-        turn = params.seed or 0  # the runner's seed is 0, so this is the turn index
+        turn = (params.seed or 0) % TURN_STRIDE  # the runner's base seed is 0: its turn index
         params = msgspec.structs.replace(params, seed=self.seeds[(group, index)] + turn)
         return await self.engine.generate(input_ids, params, session_id=session_id)
 
