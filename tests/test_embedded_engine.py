@@ -355,6 +355,22 @@ async def test_release_memory_holds_requests_until_resumed(hf_config, prompts):
         await engine.release_memory(["bogus"])
 
 
+
+async def test_a_release_with_nothing_generated_since_the_last_one_frees_nothing(hf_config, prompts):
+    engine = make_engine(hf_config)
+    frees: list[object] = []
+    move = engine._move_weights
+    engine._move_weights = lambda device: (frees.append(device), move(device))
+    async with engine.running():
+        for _ in range(2):  # two updates in a row (rft steps): the second has nothing to free
+            await engine.release_memory(["kv_cache"])
+            await engine.resume_memory(["kv_cache"])
+        assert frees == [None]
+        await engine.generate(prompts[0], params(2), session_id="g")
+        await engine.release_memory(["kv_cache"])  # a batch ran since: free again
+        await engine.resume_memory(["kv_cache"])
+    assert frees == [None, None]
+
 async def test_stopping_the_engine_fails_pending_requests(hf_config, prompts):
     engine = make_engine(hf_config)
     failures: list[BaseException] = []
