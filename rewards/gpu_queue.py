@@ -101,6 +101,12 @@ class GpuQueueConfig(Struct, frozen=True, kw_only=True):
     """Extra job kinds, "kind" -> "module:function", over `rewards.jobs.HANDLERS`."""
     file_size_mib: int = 4096
     """Largest file a sandboxed job may write (RLIMIT_FSIZE), in MiB."""
+    env: dict[str, str] = {}
+    """Extra environment of the workers, over the defaults of `worker_env` (e.g. a persistent
+    Inductor cache for a queue that runs trusted reference code only)."""
+    writable_paths: tuple[str, ...] = ()
+    """Host directories a sandboxed worker may write besides its scratch (made if missing). Never
+    one that a candidate's job may write to and a later job trusts."""
 
 
 class QueueClosed(RuntimeError):
@@ -142,6 +148,9 @@ def sandbox_argv(config: GpuQueueConfig, scratch: Path) -> list[str]:
             argv += ["--tmpfs", path]
         elif os.path.exists(path):
             argv += ["--ro-bind", "/dev/null", path]
+    for path in config.writable_paths:
+        os.makedirs(path, exist_ok=True)
+        argv += ["--bind", path, path]
     return argv + ["--bind", s, s, "--remount-ro", "/tmp", "--chdir", s, "--"]
 
 
@@ -180,6 +189,7 @@ def worker_env(config: GpuQueueConfig, gpu: int, scratch: Path) -> dict[str, str
     # remembered per process, so a later CPU compile would include a deleted file.
     env["TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"] = "0"
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    env |= config.env
     # The worker runs `-m rewards.worker`: make this very project importable whether or not it
     # is pip-installed (a checkout run with PYTHONPATH, as on the GPU machines).
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]

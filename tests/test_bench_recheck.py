@@ -15,6 +15,7 @@ from bench.kernelbench import cli
 from bench.kernelbench.config import BenchConfig
 from bench.kernelbench.problems import default_problems_path
 from bench.kernelbench.recheck import (
+    CACHE_DIR,
     RECHECK_FILE,
     RecheckRow,
     agrees,
@@ -184,7 +185,7 @@ async def test_real_baseline_jobs_reproduce_on_two_small_level1_problems(tmp_pat
     assert s.problems == 2
 
 
-async def test_the_default_queue_forks_a_fresh_process_per_job_with_rewards_baseline_job(monkeypatch):
+async def test_the_default_queue_forks_a_fresh_process_per_job_with_rewards_baseline_job(monkeypatch, tmp_path):
     import rewards.env
     from bench.kernelbench.recheck import NoGpuError, default_queue_config
 
@@ -192,9 +193,13 @@ async def test_the_default_queue_forks_a_fresh_process_per_job_with_rewards_base
         return (0, 1)
 
     monkeypatch.setattr(rewards.env, "detect_gpus", two_gpus)
-    q = await default_queue_config(BenchConfig())
+    q = await default_queue_config(BenchConfig(out_dir=str(tmp_path / "out")))
     assert q.fork_per_job and q.gpus == (0, 1)
     assert q.handlers["baseline"] == "rewards.baselines:baseline" and "profile" in q.handlers
+    # the compile caches persist under OUT and are writable inside the sandbox; torch is preloaded
+    cache = tmp_path / "out" / CACHE_DIR
+    assert q.writable_paths == (str(cache),) and q.preload[0] == "torch"
+    assert q.env == {"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton")}
 
     async def no_gpu(config):
         return ()

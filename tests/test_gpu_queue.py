@@ -362,6 +362,21 @@ async def test_sandboxed_job_can_write_only_its_scratch_dir(config, outside_dir,
 
 
 @needs_bwrap
+async def test_sandboxed_job_gets_the_configured_env_and_writable_paths(config, outside_dir):
+    cache = outside_dir / "cache"  # made by the queue
+    paths = [cache / "ok", outside_dir / "no"]
+    lane = one_lane(config, sandbox=True, writable_paths=(str(cache),),
+                    env={"TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHINDUCTOR_COMPILE_THREADS": "4"})
+    probe = EchoEnvArgs(write_paths=tuple(map(str, paths)),
+                        env_names=("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_COMPILE_THREADS"))
+    async with GpuQueue(lane) as queue:
+        result = await queue.submit(job("echo_env", probe))
+    value = decode(result.value, EchoEnvValue)
+    assert value.writable == {str(paths[0]): True, str(paths[1]): False}
+    assert value.env == {"TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHINDUCTOR_COMPILE_THREADS": "4"}
+
+
+@needs_bwrap
 async def test_sandboxed_job_cannot_reach_the_network(config):
     with socket.create_server(("127.0.0.1", 0)) as server:
         address = f"127.0.0.1:{server.getsockname()[1]}"

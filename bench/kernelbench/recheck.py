@@ -4,7 +4,8 @@ What it is: `recheck_baselines(config)` (behind `cuda-agent bench --recheck-base
 baselines of every selected problem again with rewards' own "baseline" GPU-queue job
 (`rewards.baselines.measure_baselines`, with the request the profile job builds from
 `rewards.env.EnvConfig().profile`, the disk cache bypassed) on a GPU queue of its own that forks a
-fresh process per job (`fork_per_job`): nothing of the first measurement survives into the second.
+fresh process per job (`fork_per_job`): no timing state of the first measurement survives into the
+second (the compile caches do, `CACHE_DIR`: both time the same compiled kernels).
 The first measurement is the run's own (the problem's record has eager_ms and compile_ms) or, where
 the run timed nothing (no candidate reached profiling, e.g. rejected hacks), one more baseline job.
 One `RecheckRow` per problem goes to `OUT/baseline_recheck.jsonl` (fsynced; a rerun measures only
@@ -44,6 +45,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("cuda-agent.bench")
 
 RECHECK_FILE = "baseline_recheck.jsonl"
+CACHE_DIR = "recheck-compile-cache"
+"""Inductor's and Triton's caches of the recheck queue, under OUT: written by the reference code
+only (no candidate runs in this queue), so a fresh process reuses the compiled kernels, the
+launchers built with gcc and the FX graphs instead of compiling them again. What is timed is the
+same compiled code either way; the caches only save compile time."""
+PRELOAD = ("torch", "torch._dynamo", "torch._inductor.compile_fx")
+"""Imported once by the zygote (no CUDA init), not by every job's process (~2-4 s each)."""
 AGREE_RATIO = 1.10
 """Two times agree when the larger is at most 10% above the smaller."""
 BASELINE_HANDLER = "rewards.baselines:baseline"
@@ -181,7 +189,10 @@ async def default_queue_config(config: BenchConfig) -> GpuQueueConfig:
     if not gpus:
         raise NoGpuError("--recheck-baselines needs a GPU (torch sees none)")
     queue = queue_config(env, gpus)
-    return replace(queue, fork_per_job=True, handlers={**queue.handlers, "baseline": BASELINE_HANDLER})
+    cache = Path(config.out_dir).resolve() / CACHE_DIR
+    return replace(queue, fork_per_job=True, handlers={**queue.handlers, "baseline": BASELINE_HANDLER},
+                   preload=PRELOAD, writable_paths=(str(cache),),
+                   env={"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton")})
 
 
 def _job(problem: Problem, attempt: int):
