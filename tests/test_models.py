@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -209,6 +211,26 @@ def test_varlen_attention_on_a_packed_row_equals_packed_sdpa_values_and_gradient
         results.append((lp, ent, values, grad))
     for want, got in zip(*results):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_cuda_varlen_kernel_is_causal_within_each_document():
+    """The FlashAttention varlen call (whichever causal spelling this torch takes) against causal
+    sdpa per document in fp32: packed-vs-separate rows alone would not see a non-causal kernel."""
+    from rl.attention import _per_document_sdpa, varlen_attention, varlen_available
+
+    if not varlen_available():
+        pytest.skip("this torch has no varlen_attn")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    lengths = (37, 5, 300, 18)
+    total = sum(lengths)
+    q, k, v = (torch.randn(1, h, total, 64, device="cuda", generator=g) for h in (8, 2, 2))  # GQA 8/2
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], device="cuda", dtype=torch.int32)
+    out, _ = varlen_attention(None, q.bfloat16(), k.bfloat16(), v.bfloat16(), None, scaling=0.125,
+                              cu_seq_lens_q=cu, max_length_q=max(lengths))
+    kk, vv = (t[0].transpose(0, 1).repeat_interleave(4, dim=1) for t in (k, v))
+    want = _per_document_sdpa(q[0].transpose(0, 1), kk, vv, cu, 0.125)  # [T, H, D]
+    torch.testing.assert_close(out[0].float(), want, atol=3e-2, rtol=0)
 
 
 @pytest.mark.gpu
