@@ -346,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--reap-strays outside a bwrap pid namespace would kill the host's processes")
     for name in args.preload:
         importlib.import_module(name)
+    torch = sys.modules.get("torch")
+    if args.fork_per_job and torch is not None and torch.cuda.is_initialized():
+        raise SystemExit(f"preloading {args.preload} initialised CUDA: no forked job could use the GPU")
     if args.fork_per_job:
         gc.freeze()  # children then copy fewer pages: the collector leaves preloaded objects alone
     worker = Worker(args, channel)

@@ -50,8 +50,10 @@ CACHE_DIR = "recheck-compile-cache"
 only (no candidate runs in this queue), so a fresh process reuses the compiled kernels, the
 launchers built with gcc and the FX graphs instead of compiling them again. What is timed is the
 same compiled code either way; the caches only save compile time."""
-PRELOAD = ("torch", "torch._dynamo", "torch._inductor.compile_fx")
-"""Imported once by the zygote (no CUDA init), not by every job's process (~2-4 s each)."""
+PRELOAD = ("torch", "torch._dynamo")
+"""Imported once by the zygote, not by every job's process (~2-3 s each). Not Inductor: a zygote
+that imported `torch._inductor.compile_fx` left every forked job "Cannot re-initialize CUDA in
+forked subprocess" (H200, torch 2.11)."""
 AGREE_RATIO = 1.10
 """Two times agree when the larger is at most 10% above the smaller."""
 BASELINE_HANDLER = "rewards.baselines:baseline"
