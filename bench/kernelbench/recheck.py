@@ -80,6 +80,9 @@ class RecheckRow(Struct, frozen=True, kw_only=True):
     method: str = ""
     """Timing method of the recheck's measurements (cuda_graph, cuda_event+l2_flush)."""
     gpu: int = -1
+    """GPU lane of the second measurement."""
+    gpu_first: int = -1
+    """GPU lane of the first one when the recheck made it (-1: the run's)."""
     wall_s: float = 0.0
     """Seconds the recheck's job(s) of this problem took, compile included."""
     error: str | None = None
@@ -231,14 +234,15 @@ async def _recheck_one(queue: GpuQueue, problem: Problem, first: tuple[float, fl
             return RecheckRow(**base, first_from="recheck", gpu=one.gpu, error=one.error,
                               wall_s=round(time.monotonic() - started, 3))
         first = (one.eager_ms, one.compile_ms)
-        first_from = "recheck"
+        first_from, gpu_first = "recheck", one.gpu
     else:
-        first_from = "run"
+        first_from, gpu_first = "run", -1
     two = await _measure(queue, problem, 2)
     return RecheckRow(**base, first_from=first_from, eager_ms_first=first[0], compile_ms_first=first[1],
                       eager_ms_second=two.eager_ms, compile_ms_second=two.compile_ms,
                       eager_ratio=_ratio(two.eager_ms, first[0]), compile_ratio=_ratio(two.compile_ms, first[1]),
-                      method=two.method, gpu=two.gpu, error=two.error, wall_s=round(time.monotonic() - started, 3))
+                      method=two.method, gpu=two.gpu, gpu_first=gpu_first, error=two.error,
+                      wall_s=round(time.monotonic() - started, 3))
 
 
 def _firsts(config: BenchConfig, out: Path) -> dict[tuple[int, int], tuple[float, float]]:
