@@ -4,6 +4,7 @@
 #       carry=[".device", ".bwrap", ".kb", ".dev"])       # .dev/tasks.jsonl: synthesized tasks
 # Args: recipe, watcher GPU. First the 2-rank GPU test (the per-thread CUDA device), then
 # `python -m bench.node`: a short rft -> value -> ppo run with the checkpoint watcher beside it.
+# NODE_SETS="--set k=v ..." is appended to bench.node's overrides (later ones win).
 set -u
 RECIPE=${1:-node_2gpu}; WATCH=${2:-1}; LIMIT=${LIMIT_S:-420}; TASKS=${TASKS:-$PWD/.dev/tasks.jsonl}
 OUT=${OUT:-$PWD/device-out}; mkdir -p "$OUT"
@@ -21,7 +22,7 @@ timeout $((LIMIT + 120)) python3 -m bench.node --recipe $RECIPE --run-dir $RUN -
   --set data.collect_tasks=6 --set steps.rft=2 --set steps.value=1 --set steps.ppo=3 --set data.tasks_per_step=6 \
   --set data.samples_per_task=2 --set rollout.max_turns=3 --set rollout.max_new_tokens=256 \
   --set rollout.max_context_tokens=8192 --set checkpoint.every_steps=2 --set orchestrator.progress_every_s=20 \
-  --watch-set problem_ids=[47] --watch-set max_turns=2 --watch-set max_new_tokens=128 > $OUT/node.log 2>&1
+  --watch-set problem_ids=[47] --watch-set max_turns=2 --watch-set max_new_tokens=128 ${NODE_SETS:-} > $OUT/node.log 2>&1
 echo "bench.node rc $? at $((SECONDS-T0)) s"
 mkdir -p $OUT/r; cp $RUN/node_report.md $RUN/node_report.json $RUN/config.json $RUN/metrics.jsonl $RUN/node_train.log \
   $RUN/node_watch.log $OUT/r/ 2>/dev/null
