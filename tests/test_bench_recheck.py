@@ -77,6 +77,7 @@ async def test_each_problem_is_timed_twice_in_fresh_processes_without_the_cache(
     assert set(rows) == {1, 2, 3, 4}
     assert (rows[1].eager_ms_first, rows[1].eager_ms_second, rows[1].eager_ratio) == (2.0, 2.0, 1.0)
     assert rows[1].first_from == "recheck" and rows[1].method == "cuda_graph" and rows[1].gpu == 0 and rows[1].gpu_first == 0
+    assert (rows[1].eager_cv_first, rows[1].compile_cv_second) == (0.0, 0.0)  # the fake times without spread
     assert rows[2].eager_ratio == pytest.approx(1.3) and rows[2].compile_ratio == pytest.approx(1.3)
     assert rows[2].compile_ms_second == pytest.approx(3.9)
     assert rows[3].error and "fake baseline failure" in rows[3].error and rows[3].eager_ratio is None
@@ -95,7 +96,7 @@ async def test_the_runs_own_times_are_the_first_measurement(tmp_path, fake_dir):
                                 hack="torch_compute"))  # never timed: the recheck times it twice
     rows = {r.problem_id: r for r in await recheck_baselines(cfg, queue_config=queue_config(tmp_path))}
     assert rows[1].first_from == "run" and rows[1].eager_ms_first == 2.5 and rows[1].eager_ratio == pytest.approx(0.8)
-    assert rows[1].gpu_first == -1
+    assert rows[1].gpu_first == -1 and rows[1].eager_cv_first is None and rows[1].eager_cv_second == 0.0
     assert rows[2].first_from == "recheck"
     assert len(calls(fake_dir)) == 1 + 2
 

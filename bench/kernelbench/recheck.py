@@ -79,6 +79,12 @@ class RecheckRow(Struct, frozen=True, kw_only=True):
     compile_ratio: float | None = None
     method: str = ""
     """Timing method of the recheck's measurements (cuda_graph, cuda_event+l2_flush)."""
+    eager_cv_first: float | None = None
+    eager_cv_second: float | None = None
+    compile_cv_first: float | None = None
+    compile_cv_second: float | None = None
+    """std / mean of each measurement's samples (None for the run's first): small spreads with
+    medians far apart say the process, not the noise, made the difference."""
     gpu: int = -1
     """GPU lane of the second measurement."""
     gpu_first: int = -1
@@ -177,6 +183,8 @@ def summarize_recheck(rows: Sequence[RecheckRow], limit: float = AGREE_RATIO) ->
 class _Times(Struct, frozen=True, kw_only=True):
     eager_ms: float | None = None
     compile_ms: float | None = None
+    eager_cv: float | None = None
+    compile_cv: float | None = None
     method: str = ""
     gpu: int = -1
     error: str | None = None
@@ -221,8 +229,13 @@ async def _measure(queue: GpuQueue, problem: Problem, attempt: int) -> _Times:
     if result.status is not JobStatus.OK:
         return _Times(gpu=result.gpu, error=f"baseline job {result.status.value}: {result.error[-1500:]}")
     b = decode(result.value, Baselines)
-    return _Times(eager_ms=b.eager.measurement.timing.median_ms, compile_ms=b.compiled.measurement.timing.median_ms,
-                  method=b.method, gpu=result.gpu)
+    eager, compiled = b.eager.measurement.timing, b.compiled.measurement.timing
+    return _Times(eager_ms=eager.median_ms, compile_ms=compiled.median_ms, eager_cv=_cv(eager),
+                  compile_cv=_cv(compiled), method=b.method, gpu=result.gpu)
+
+
+def _cv(timing) -> float | None:
+    return round(timing.std_ms / timing.mean_ms, 5) if timing.mean_ms > 0 else None
 
 
 async def _recheck_one(queue: GpuQueue, problem: Problem, first: tuple[float, float] | None) -> RecheckRow:
@@ -234,14 +247,16 @@ async def _recheck_one(queue: GpuQueue, problem: Problem, first: tuple[float, fl
             return RecheckRow(**base, first_from="recheck", gpu=one.gpu, error=one.error,
                               wall_s=round(time.monotonic() - started, 3))
         first = (one.eager_ms, one.compile_ms)
-        first_from, gpu_first = "recheck", one.gpu
+        first_from, gpu_first, cv_first = "recheck", one.gpu, (one.eager_cv, one.compile_cv)
     else:
-        first_from, gpu_first = "run", -1
+        first_from, gpu_first, cv_first = "run", -1, (None, None)
     two = await _measure(queue, problem, 2)
     return RecheckRow(**base, first_from=first_from, eager_ms_first=first[0], compile_ms_first=first[1],
                       eager_ms_second=two.eager_ms, compile_ms_second=two.compile_ms,
                       eager_ratio=_ratio(two.eager_ms, first[0]), compile_ratio=_ratio(two.compile_ms, first[1]),
-                      method=two.method, gpu=two.gpu, gpu_first=gpu_first, error=two.error,
+                      eager_cv_first=cv_first[0], compile_cv_first=cv_first[1], eager_cv_second=two.eager_cv,
+                      compile_cv_second=two.compile_cv, method=two.method, gpu=two.gpu, gpu_first=gpu_first,
+                      error=two.error,
                       wall_s=round(time.monotonic() - started, 3))
 
 
