@@ -252,3 +252,11 @@ def test_cuda_varlen_packed_rows_equal_separate_rows():
             one = collate(samples, [i]).to("cuda")
             alone, _ = actor(one.input_ids, one.position_ids, one.targets)
             torch.testing.assert_close(got, alone[0], atol=2e-2, rtol=0)
+
+
+def test_a_bf16_critic_keeps_the_rope_frequencies_in_fp32():
+    """param_dtype casts the parameters (value head included), not RoPE's fp32 inv_freq."""
+    critic = build_critic(ModelConfig(hf_config=TINY, param_dtype="bfloat16"), "cpu")
+    assert {p.dtype for p in critic.parameters()} == {torch.bfloat16}
+    buffers = {name: b.dtype for name, b in critic.named_buffers() if name.endswith("inv_freq")}
+    assert buffers and set(buffers.values()) == {torch.float32}

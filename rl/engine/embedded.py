@@ -59,6 +59,7 @@ from agentcore.types import FinishReason
 from rl.engine.batch import Batch as _Batch
 from rl.engine.batch import Request as _Request
 from rl.engine.batch import sample
+from rl.models import place_model
 
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 _SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -677,21 +678,6 @@ def _tags(tags: Iterable[str] | None) -> set[str]:
     if unknown:
         raise ValueError(f"unknown memory tags {sorted(unknown)}; known: {MEMORY_TAGS}")
     return chosen
-
-
-def place_model(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    """`model` on `device` with its parameters in `dtype`; fp32 buffers stay fp32, as
-    `from_pretrained(dtype=...)` leaves them. A plain `model.to(dtype)` would round RoPE's
-    `inv_freq` to bf16 too: rotary angles then drift by ~0.1-0.4% of the position (radians at
-    position 2,000), and a bf16 engine samples from another policy than the learner's (a
-    log-prob gap of 0.5 nats per token on long turns, seen on an H100)."""
-    keep = {name: buf for name, buf in model.named_buffers() if buf.dtype == torch.float32}
-    model.to(device=device, dtype=dtype)
-    for name, buf in keep.items():
-        owner, _, attr = name.rpartition(".")
-        module = model.get_submodule(owner) if owner else model
-        module._buffers[attr] = buf.to(device)
-    return model
 
 
 def resolve_device(name: str) -> torch.device:
