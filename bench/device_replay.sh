@@ -24,14 +24,9 @@ kill %1 2>/dev/null
 tar czf $OUT/b250.tgz --exclude=./recheck-compile-cache --exclude=./workspaces -C $B .
 grep -v "recheck L\|INFO" $OUT/b250.log | tail -8 | cut -c1-300
 python3 - <<'PY'
-import json, statistics as st
-rows = [json.loads(l) for l in open("/tmp/b250/baseline_recheck.jsonl")]
-ok = [r for r in rows if not r.get("error")]
-print("recheck rows", len(rows), "ok", len(ok), "errors", len(rows) - len(ok))
-for lv in (1, 2, 3):
-    w = [r["wall_s"] for r in rows if r["level"] == lv]
-    if w: print("level", lv, "rows", len(w), "wall_s mean", round(st.mean(w), 1), "max", round(max(w), 1))
-both = [r for r in ok if abs(r["eager_ratio"] - 1) <= 0.1 and abs(r["compile_ratio"] - 1) <= 0.1]
-print("both within 10% (approx):", len(both), "/", len(ok))
-for r in [r for r in rows if r.get("error")][:5]: print("ERR", r["level"], r["name"], r["error"][:300])
+from bench.kernelbench.recheck import read_recheck, summarize_recheck
+rows = read_recheck("/tmp/b250/baseline_recheck.jsonl")
+print(summarize_recheck(rows))
+for r in [r for r in rows if r.error][:5]:
+    print("not yet / failed:", r.level, r.name, r.error[-200:].replace("\n", " "))
 PY
