@@ -12,7 +12,7 @@ never touches CUDA itself, not even to count GPUs (a subprocess does that).
 
 Topology, one task group owned by `async with GpuQueue(config)`:
 
-    submit() --acquire--> _Dispatcher: free lanes + FIFO of waiters (a pinned one takes only its lane)
+    submit() --acquire--> Dispatcher: free lanes + FIFO of waiters (a pinned one takes only its lane)
        |                    ^ release: job done, worker healthy    ^ release: fresh worker ready
        +-- holds the lane: Job frame --> worker [bwrap] --> handler(payload, ctx) --> JobResult frame
     task group
@@ -23,21 +23,20 @@ The sandbox (`sandbox=True`): the host filesystem read-only, a private read-only
 scratch dir the only writable place, `hidden_paths` covered, no network, private pid/ipc/uts/user
 namespaces, the GPU device nodes bound, a filtered environment. Each worker keeps one sandbox for
 its lifetime, so per-job inputs travel in `Job.files` rather than as bind mounts.
+
+Parts: `rewards.worker_command` (the worker's command line, sandbox and environment),
+`rewards.gpu_lanes` (worker process, lane, dispatcher); this module is the queue and its config.
 """
 
 from __future__ import annotations
 
-import glob
-import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Self
@@ -45,31 +44,24 @@ from typing import Self
 import anyio
 import anyio.abc
 import msgspec
-from anyio.streams.buffered import BufferedByteReceiveStream
 from msgspec import Struct
 
+from rewards.gpu_lanes import BROKEN, Dispatcher, Lane, QueueClosed, WorkerProcess
 from rewards.jobs import (
-    HEADER,
-    MAX_FRAME_BYTES,
     Job,
     JobResult,
     JobStatus,
-    LaneStatistics,
     QueueStatistics,
     encode,
-    frame,
     ready_decoder,
     result_decoder,
 )
+from rewards.worker_command import count_gpus, worker_argv, worker_env
 
 log = logging.getLogger(__name__)
 
-_TAIL_BYTES = 8192  # stderr kept per worker, for crash and timeout messages
 _START_ATTEMPTS = 3  # a lane that cannot start a worker this many times in a row is broken
 _REAP_WAIT_S = 5.0  # a SIGKILLed process stuck in the driver (D state) is not waited on forever
-_BROKEN = (anyio.BrokenResourceError, anyio.ClosedResourceError)
-_SANDBOX_ENV = ("PATH", "LANG", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX")
-_SANDBOX_ENV_PREFIXES = ("CUDA_", "NVIDIA_", "LC_", "TORCH_", "OMP_", "MKL_")
 _SECRETS = (
     "~/.ssh ~/.aws ~/.netrc ~/.git-credentials ~/.docker ~/.config/gcloud ~/.kaggle ~/.cache/huggingface"
 )
@@ -109,278 +101,8 @@ class GpuQueueConfig(Struct, frozen=True, kw_only=True):
     one that a candidate's job may write to and a later job trusts."""
 
 
-class QueueClosed(RuntimeError):
-    """`submit` on a queue that has shut down, or shut down while the job waited or ran."""
-
-
 class WorkerStartError(RuntimeError):
     """A lane could not start a worker `_START_ATTEMPTS` times in a row: broken infrastructure."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Command lines.
-
-
-async def count_gpus(python: str = sys.executable) -> int:
-    """How many GPUs torch sees, asked in a subprocess: the orchestrator never initialises CUDA."""
-    code = "import torch; print(torch.cuda.device_count())"
-    result = await anyio.run_process([python, "-c", code])
-    return int(result.stdout.decode().split()[-1])
-
-
-_PROJECT_ROOT = str(Path(__file__).resolve().parents[1])
-
-
-def sandbox_argv(config: GpuQueueConfig, scratch: Path) -> list[str]:
-    """bwrap around a worker. Later mounts cover earlier ones: the scratch bind comes after the
-    tmpfs that may hold it, and /tmp turns read-only last, once the bind point exists in it.
-    All /dev/nvidia* nodes are bound; CUDA_VISIBLE_DEVICES picks the lane's GPU."""
-    s = str(scratch)
-    argv = [config.bwrap_path, "--unshare-all", "--unshare-user", "--disable-userns"]
-    argv += ["--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev"]
-    for node in sorted(glob.glob("/dev/nvidia*")):
-        argv += ["--dev-bind", node, node]
-    argv += ["--proc", "/proc", "--tmpfs", "/tmp"]
-    if _PROJECT_ROOT.startswith("/tmp/"):  # a checkout under /tmp: the worker must still import it
-        argv += ["--ro-bind", _PROJECT_ROOT, _PROJECT_ROOT]
-    for path in config.hidden_paths:
-        if os.path.isdir(path):
-            argv += ["--tmpfs", path]
-        elif os.path.exists(path):
-            argv += ["--ro-bind", "/dev/null", path]
-    for path in config.writable_paths:
-        os.makedirs(path, exist_ok=True)
-        argv += ["--bind", path, path]
-    return argv + ["--bind", s, s, "--remount-ro", "/tmp", "--chdir", s, "--"]
-
-
-def worker_argv(config: GpuQueueConfig, gpu: int, scratch: Path) -> list[str]:
-    # -P: the cwd (the writable scratch) is not on sys.path; -s: nor is ~/.local's site dir.
-    argv = [config.python, "-P", "-s", "-m", "rewards.worker", "--gpu", str(gpu)]
-    argv += ["--scratch", str(scratch), "--handlers", json.dumps(config.handlers)]
-    argv += ["--fork-per-job"] if config.fork_per_job else []
-    for module in config.preload:
-        argv += ["--preload", module]
-    if config.sandbox:
-        argv = sandbox_argv(config, scratch) + argv
-        argv += ["--reap-strays", "--max-file-mib", str(config.file_size_mib)]
-    return argv
-
-
-def worker_env(config: GpuQueueConfig, gpu: int, scratch: Path) -> dict[str, str]:
-    """Lane `gpu` indexes the GPUs the orchestrator sees: through its own CUDA_VISIBLE_DEVICES
-    when set (e.g. by Slurm), with PCI bus order so that indices match nvidia-smi."""
-    host = os.environ
-    visible = host.get("CUDA_VISIBLE_DEVICES")
-    device = visible.split(",")[gpu].strip() if visible else str(gpu)
-    if config.sandbox:  # nothing else of the host: no tokens, no keys
-        env = {k: v for k, v in host.items() if k in _SANDBOX_ENV or k.startswith(_SANDBOX_ENV_PREFIXES)}
-        env["HOME"] = str(scratch)
-    else:
-        env = dict(host)
-    env |= {"CUDA_VISIBLE_DEVICES": device, "TMPDIR": str(scratch), "PYTHONDONTWRITEBYTECODE": "1"}
-    # Inductor compiles the torch.compile baselines in this process, not in its subprocess pool:
-    # the sandboxed worker kills every other process after each job (--reap-strays), and torch
-    # keeps the pool's write pipe open in the parent, so the next compile would wait forever on
-    # a reaped pool (seen on an H100: a profile job hung with the GPU idle).
-    env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
-    # Inductor's caches live under TMPDIR, the scratch dir emptied after every job (a candidate
-    # must not leave anything for a later job's baselines); its precompiled C++ header path is
-    # remembered per process, so a later CPU compile would include a deleted file.
-    env["TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"] = "0"
-    env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    env |= config.env
-    # The worker runs `-m rewards.worker`: make this very project importable whether or not it
-    # is pip-installed (a checkout run with PYTHONPATH, as on the GPU machines).
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([_PROJECT_ROOT, *paths]))
-    return env
-
-
-# ---------------------------------------------------------------------------------------------
-# A worker process, a lane, and who gets which lane.
-
-
-class _Worker:
-    """One worker process: its framed channel, the tail of its stderr, whether it must go."""
-
-    def __init__(self, process: anyio.abc.Process) -> None:
-        self.process = process
-        self.pid = process.pid
-        self.stdout = BufferedByteReceiveStream(process.stdout)
-        self.tail = bytearray()
-        self.stderr_done = anyio.Event()
-        self.exited = False
-        self.retired = anyio.Event()
-
-    async def send(self, message: bytes) -> None:
-        await self.process.stdin.send(frame(message))
-
-    async def receive(self) -> bytes | None:
-        """The next frame; None at end of file or on a corrupted header."""
-        try:
-            (size,) = HEADER.unpack(await self.stdout.receive_exactly(HEADER.size))
-            if size > MAX_FRAME_BYTES:
-                return None
-            return await self.stdout.receive_exactly(size)
-        except (anyio.IncompleteRead, anyio.EndOfStream, *_BROKEN):
-            return None
-
-    async def drain_stderr(self) -> None:
-        try:
-            async for chunk in self.process.stderr:
-                self.tail += chunk
-                if len(self.tail) > 2 * _TAIL_BYTES:  # trim rarely: amortised O(1) per byte
-                    del self.tail[:-_TAIL_BYTES]
-        except _BROKEN:
-            pass
-        finally:
-            self.stderr_done.set()
-
-    async def last_words(self) -> str:
-        """How the (killed or dead) worker ended, and the end of its stderr."""
-        with anyio.move_on_after(1.0):
-            await self.stderr_done.wait()
-            await self.process.wait()
-        code = self.process.returncode
-        if code is None:
-            how = "did not exit"
-        elif code < 0:
-            how = f"was killed by {signal.Signals(-code).name}"
-        else:
-            how = f"exited with code {code}"
-        tail = bytes(self.tail[-_TAIL_BYTES:]).decode("utf-8", "replace")
-        return f"worker {self.pid} {how}; its stderr ends:\n{tail}"
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group: the worker, bwrap, and whatever a job started."""
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def retire(self) -> None:
-        self.kill()
-        self.retired.set()
-
-
-class _Lane:
-    """One GPU: its current worker, its scratch dir, and its counters."""
-
-    def __init__(self, gpu: int, scratch: Path) -> None:
-        self.gpu = gpu
-        self.scratch = scratch
-        self.worker: _Worker | None = None
-        self.held_since: float | None = None
-        self.busy_s = 0.0
-        self.jobs_done = self.restarts = self.timeouts = self.crashes = self.poisoned = 0
-        self.restart_s = 0.0
-
-    def begin(self) -> None:
-        self.held_since = time.monotonic()
-
-    def end(self, status: JobStatus | None) -> None:
-        self.busy_s += time.monotonic() - self.held_since
-        self.held_since = None
-        if status is not None:
-            self.jobs_done += 1
-            self.timeouts += status is JobStatus.TIMEOUT
-            self.crashes += status is JobStatus.CRASHED
-            self.poisoned += status is JobStatus.CUDA_POISONED
-
-    def statistics(self, now: float, uptime_s: float, depth: int) -> LaneStatistics:
-        busy_s = self.busy_s + (now - self.held_since if self.held_since is not None else 0.0)
-        return LaneStatistics(
-            gpu=self.gpu,
-            worker_pid=self.worker.pid if self.worker else 0,
-            busy=self.held_since is not None,
-            depth=depth,
-            busy_fraction=busy_s / uptime_s,
-            jobs_done=self.jobs_done,
-            jobs_per_s=self.jobs_done / uptime_s,
-            restarts=self.restarts,
-            restart_s=self.restart_s,
-            timeouts=self.timeouts,
-            crashes=self.crashes,
-            poisoned=self.poisoned,
-        )
-
-
-class _Waiter:
-    __slots__ = ("event", "lane", "wanted")
-
-    def __init__(self, wanted: _Lane | None) -> None:
-        self.wanted = wanted
-        self.lane: _Lane | None = None
-        self.event = anyio.Event()
-
-
-class _Dispatcher:
-    """Hands free lanes to waiting submitters, first come first served; a waiter pinned to a GPU
-    takes only that lane and does not hold up the waiters behind it. This is the queue's named
-    limiter for GPUs: a `CapacityLimiter("gpus")` could count free lanes but not hand out a
-    particular one, so a pinned job (baselines run on every GPU) would sit on a token meanwhile."""
-
-    def __init__(self) -> None:
-        self._free: list[_Lane] = []
-        self._waiters: deque[_Waiter] = deque()
-        self.closed = False
-
-    async def acquire(self, wanted: _Lane | None) -> _Lane:
-        if self.closed:
-            raise QueueClosed("the GPU queue is shut down")
-        waiter = _Waiter(wanted)
-        self._waiters.append(waiter)
-        self._match()
-        try:
-            await waiter.event.wait()
-        except BaseException:  # cancelled: give back what we may have been handed meanwhile
-            if waiter.lane is not None:
-                self.release(waiter.lane)
-            elif waiter in self._waiters:
-                self._waiters.remove(waiter)
-            raise
-        if waiter.lane is None:
-            raise QueueClosed("the GPU queue shut down while the job waited")
-        return waiter.lane
-
-    def release(self, lane: _Lane) -> None:
-        self._free.append(lane)
-        self._match()
-
-    def withdraw(self, lane: _Lane) -> bool:
-        """Take a free lane out of service; False if it was not free (someone holds it)."""
-        if lane in self._free:
-            self._free.remove(lane)
-            return True
-        return False
-
-    def close(self) -> None:
-        self.closed = True
-        for waiter in self._waiters:
-            waiter.event.set()
-        self._waiters.clear()
-
-    def depth(self, lane: _Lane | None = None) -> int:
-        return sum(1 for w in self._waiters if lane is None or w.wanted is lane)
-
-    def _match(self) -> None:
-        for waiter in list(self._waiters):
-            if not self._free:
-                return
-            lane = self._take(waiter.wanted)
-            if lane is not None:
-                self._waiters.remove(waiter)
-                waiter.lane = lane
-                waiter.event.set()
-
-    def _take(self, wanted: _Lane | None) -> _Lane | None:
-        if wanted is None:
-            return self._free.pop(0)  # the longest idle: spreads jobs over the GPUs
-        if wanted in self._free:
-            self._free.remove(wanted)
-            return wanted
-        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -402,8 +124,8 @@ class GpuQueue:
         if len(set(config.gpus)) != len(config.gpus):
             raise ValueError(f"each GPU takes one lane: {config.gpus}")
         self.config = config
-        self._dispatcher = _Dispatcher()
-        self._lanes: list[_Lane] = []
+        self._dispatcher = Dispatcher()
+        self._lanes: list[Lane] = []
         self._closed = False
         self._started = time.monotonic()
         self._stack = AsyncExitStack()
@@ -418,7 +140,7 @@ class GpuQueue:
         if not gpus:
             raise RuntimeError("GpuQueue: no GPUs (config.gpus is empty and torch sees none)")
         root = self._scratch_root()
-        self._lanes = [_Lane(gpu, root / f"gpu{gpu}") for gpu in gpus]
+        self._lanes = [Lane(gpu, root / f"gpu{gpu}") for gpu in gpus]
         for lane in self._lanes:
             lane.scratch.mkdir(parents=True, exist_ok=True)
         self._tg = await self._stack.enter_async_context(anyio.create_task_group())
@@ -492,7 +214,7 @@ class GpuQueue:
 
     # -- running a job --------------------------------------------------------------------------
 
-    def _lane(self, gpu: int | None) -> _Lane | None:
+    def _lane(self, gpu: int | None) -> Lane | None:
         if self._closed:
             raise QueueClosed("the GPU queue is shut down")
         if gpu is None:
@@ -502,7 +224,7 @@ class GpuQueue:
                 return lane
         raise ValueError(f"no lane for gpu {gpu}; lanes: {self.gpus}")
 
-    async def _run(self, job: Job, worker: _Worker) -> tuple[JobResult, bool]:
+    async def _run(self, job: Job, worker: WorkerProcess) -> tuple[JobResult, bool]:
         """The result, and whether the worker may take the next job."""
         deadline_s = job.deadline_s if job.deadline_s is not None else self.config.job_default_deadline_s
         job = msgspec.structs.replace(job, deadline_s=deadline_s)  # handlers may budget by it
@@ -511,7 +233,7 @@ class GpuQueue:
         with anyio.move_on_after(deadline_s) as watchdog:
             try:
                 await worker.send(encode(job))
-            except _BROKEN:
+            except BROKEN:
                 pass  # it died: receive() sees the end of file
             message = await worker.receive()
         if watchdog.cancelled_caught:
@@ -536,7 +258,7 @@ class GpuQueue:
         self._own_scratch = tempfile.mkdtemp(prefix="gpu-queue-")
         return Path(self._own_scratch)
 
-    async def _run_lane(self, lane: _Lane, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+    async def _run_lane(self, lane: Lane, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         """Keeps one worker alive in `lane`: start, serve until retired, replace; forever."""
         failures, started = 0, False
         try:
@@ -555,7 +277,7 @@ class GpuQueue:
             self._dispatcher.close()  # waiters must not wait for a queue that is going away
             raise
 
-    async def _serve_one_worker(self, lane: _Lane, began: float, started: bool, task_status) -> str | None:
+    async def _serve_one_worker(self, lane: Lane, began: float, started: bool, task_status) -> str | None:
         """One worker's life; returns why it failed to start, or None once it has served."""
         try:
             process = await anyio.open_process(
@@ -569,7 +291,7 @@ class GpuQueue:
             )
         except OSError as exc:
             return f"cannot start the worker: {exc}"
-        worker = _Worker(process)
+        worker = WorkerProcess(process)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(worker.drain_stderr)
@@ -592,7 +314,7 @@ class GpuQueue:
                 await process.aclose()
         return error
 
-    async def _wait_ready(self, worker: _Worker) -> str | None:
+    async def _wait_ready(self, worker: WorkerProcess) -> str | None:
         with anyio.move_on_after(self.config.worker_start_timeout_s) as timer:
             message = await worker.receive()
         if timer.cancelled_caught:
@@ -607,7 +329,7 @@ class GpuQueue:
             return f"unreadable ready frame ({exc})"
         return None
 
-    async def _watch_exit(self, lane: _Lane, worker: _Worker) -> None:
+    async def _watch_exit(self, lane: Lane, worker: WorkerProcess) -> None:
         await worker.process.wait()
         worker.exited = True
         if self._dispatcher.withdraw(lane):  # died while idle: no submitter will see its EOF
@@ -625,3 +347,7 @@ def _decode_result(job: Job, message: bytes | None) -> JobResult | None:
         log.warning("job %s: undecodable result frame", job.job_id)
         return None
     return result if result.job_id == job.job_id else None
+
+
+__all__ = ["SECRET_PATHS", "GpuQueue", "GpuQueueConfig", "QueueClosed", "WorkerStartError", "count_gpus",
+           "worker_argv", "worker_env"]
