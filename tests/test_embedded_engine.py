@@ -376,8 +376,8 @@ async def test_release_memory_holds_requests_until_resumed(hf_config, prompts):
 async def test_a_release_with_nothing_generated_since_the_last_one_frees_nothing(hf_config, prompts):
     engine = make_engine(hf_config)
     frees: list[object] = []
-    move = engine._move_weights
-    engine._move_weights = lambda device: (frees.append(device), move(device))
+    move = engine.runner.move_weights
+    engine.runner.move_weights = lambda device: (frees.append(device), move(device))
     async with engine.running():
         for _ in range(2):  # two updates in a row (rft steps): the second has nothing to free
             await engine.release_memory(["kv_cache"])

@@ -20,6 +20,9 @@ that produced all of its tokens, because updates wait for the running batch to d
 What it is not: a production server (no paged attention, prefix cache or CUDA graphs: SGLang
 is that) nor an HTTP server (`rl.engine.server` puts SGLang's protocol in front of it).
 
+Parts: `rl.engine.runner.ModelRunner` (the model on its device: prefill, decode, weight copies),
+`rl.engine.config` (config and statistics Structs); this module is the scheduler and the API.
+
 Threads: all model work (prefill, decode chunks, weight copies, offload) runs in worker threads
 through `anyio.to_thread.run_sync`, one at a time under `_model_lock`; the event loop only
 moves requests between the queue and the batch.
@@ -34,9 +37,6 @@ Example:
 from __future__ import annotations
 
 import collections
-import contextlib
-import gc
-import inspect
 import itertools
 import time
 import uuid
@@ -47,73 +47,19 @@ from typing import Any, Literal, TypeVar
 import anyio
 import msgspec
 import torch
-from msgspec import Struct
 from torch import Tensor
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from agentcore.engine import EngineError, Generation, SamplingParams
 from agentcore.sglang.wire import finished_anyway, merge_pieces, rid_prefix
 from agentcore.types import FinishReason
 from rl.engine.batch import Batch as _Batch
 from rl.engine.batch import Request as _Request
-from rl.engine.batch import sample
-from rl.models import place_model
+from rl.engine.config import EmbeddedEngineConfig, EngineStats
+from rl.engine.runner import ModelRunner, resolve_device, resolve_dtype
 
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
-_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 _T = TypeVar("_T")
-
-
-class EmbeddedEngineConfig(Struct, frozen=True, kw_only=True):
-    """Where the model runs and how requests are batched."""
-
-    device: str = "auto"
-    """"cuda", "cuda:1", "cpu", or "auto" (CUDA when available)."""
-    dtype: str = "auto"
-    """Model dtype: "auto" (bfloat16 on CUDA, float32 on CPU), "bfloat16", "float16", "float32"."""
-    attn_implementation: str = "sdpa"
-    """transformers attention backend for models built here (padding masks need sdpa or eager)."""
-    max_batch_size: int = 64
-    """Rows decoding together."""
-    max_batch_tokens: int = 524288
-    """KV slots of the padded batch in the worst case: rows x longest (prompt + max_new_tokens)."""
-    max_prefill_tokens: int = 16384
-    """Padded tokens per prefill forward: rows are prefilled in groups, and prompts wider than
-    this in chunks of columns, so a long prompt never builds a huge attention mask."""
-    batch_wait_ms: float = 5.0
-    """How long an idle scheduler waits to gather concurrent requests into the first batch."""
-    max_context_tokens: int = 32768
-    """Prompt plus output; a request hitting it ends with finish_reason "length"."""
-    avoid_cudnn_attention: bool = True
-    """Exclude cuDNN from SDPA during engine forwards: it builds a plan per new KV length
-    (Qwen2-0.5B shape, H200, torch 2.11: 55 -> 14 ms per decode step at 1 row, 82 -> 18 ms at
-    64). The backend flags are process-wide while an engine forward runs."""
-    decode_chunk_steps: int = 16
-    """Decode steps per worker-thread hop (fewer when a row finishes)."""
-    max_queued_requests: int = 4096
-    """Requests waiting for a batch; `generate` blocks beyond that."""
-
-
-class EngineStats(Struct, frozen=True, kw_only=True):
-    """Counters since the engine was made."""
-
-    requests: int  # finished requests, any reason
-    aborted: int
-    queued: int
-    running: int
-    prompt_tokens: int
-    tokens_generated: int
-    batches: int  # prefill forwards
-    decode_steps: int
-    mean_batch_size: float  # live rows per decode step
-    max_batch_size: int
-    tokens_per_s: float  # generated tokens per second of generation work
-    busy_fraction: float  # generation work / time serving
-    weight_version: int
-    paused: bool
-    holds: tuple[str, ...]  # why admission is held: pause, weights, memory
 
 
 class EmbeddedEngine:
@@ -132,14 +78,8 @@ class EmbeddedEngine:
         self, model: PreTrainedModel, config: EmbeddedEngineConfig = EmbeddedEngineConfig()
     ) -> None:
         self.config = config
-        self.device = resolve_device(config.device)
-        self.model = place_model(model, self.device, resolve_dtype(config.dtype, self.device))
-        self.model.eval()
-        self.vocab_size = self.model.get_input_embeddings().num_embeddings
-        self._keep_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
-        self._mergeable = all(type(x) is DynamicLayer for x in self._new_cache().layers)
-        self._rng = torch.Generator(device=self.device)
-        self._rng.seed()
+        self.runner = ModelRunner(model, config)
+        self.model, self.device, self.vocab_size = self.runner.model, self.runner.device, self.runner.vocab_size
         self._inbox, self._queue = anyio.create_memory_object_stream[_Request](
             config.max_queued_requests
         )
@@ -158,7 +98,7 @@ class EmbeddedEngine:
         self._batches_at_release = -1  # the batch count when memory was last freed
         self._version = 0
         self._serving = self._closed = False
-        self._counts = collections.Counter[str]()
+        self._counts = self.runner.counts
         self._busy_s = 0.0
         self._serve_started: float | None = None
 
@@ -333,7 +273,7 @@ class EmbeddedEngine:
         and shapes are checked before any copy; a bad one raises ValueError naming it."""
         if not self._holds["weights"]:
             raise RuntimeError("load_bucket outside begin_update/end_update")
-        await self._model_call(self._copy_weights, list(named_tensors), busy=False)
+        await self._model_call(self.runner.copy_weights, list(named_tensors), busy=False)
 
     def end_update(self, version: int | None) -> None:
         """Release admission; `version` becomes the weight version (None: keep the old one)."""
@@ -364,7 +304,7 @@ class EmbeddedEngine:
         offload = "weights" in tags and not self._offloaded and self.device.type == "cuda"
         if not offload and self._counts["batches"] == self._batches_at_release:
             return  # nothing generated since the last release: nothing to free (gc.collect costs ~0.4 s)
-        await self._model_call(self._move_weights, "cpu" if offload else None, busy=False)
+        await self._model_call(self.runner.move_weights, "cpu" if offload else None, busy=False)
         self._offloaded |= offload
         self._batches_at_release = self._counts["batches"]
 
@@ -372,7 +312,7 @@ class EmbeddedEngine:
         """Undo `release_memory` for `tags`; admission reopens once nothing is released."""
         tags = _tags(tags) & self._released
         if "weights" in tags and self._offloaded:
-            await self._model_call(self._move_weights, self.device, busy=False)
+            await self._model_call(self.runner.move_weights, self.device, busy=False)
             self._offloaded = False
         self._released -= tags
         if tags and not self._released:
@@ -440,9 +380,9 @@ class EmbeddedEngine:
                     await self._await_work()
                 rows = self._admit()
                 if rows:
-                    self._batch = await self._model_call(self._prefill, self._batch, rows)
+                    self._batch = await self._model_call(self.runner.prefill, self._batch, rows)
                 if self._batch is not None:
-                    finished = await self._model_call(self._decode_chunk, self._batch)
+                    finished = await self._model_call(self.runner.decode_chunk, self._batch)
                     self._deliver(finished)
                     if not self._batch.rows:
                         self._batch = None
@@ -463,7 +403,7 @@ class EmbeddedEngine:
 
     def _admit(self) -> list[_Request]:
         """Requests that join now, within the batch's row and KV-slot budgets (FIFO)."""
-        if self._holds or (self._batch is not None and not self._mergeable):
+        if self._holds or (self._batch is not None and not self.runner.mergeable):
             return []
         rows = self._batch.rows if self._batch is not None else []
         count, longest = len(rows), max((r.reserved for r in rows), default=0)
@@ -533,135 +473,6 @@ class EmbeddedEngine:
                 if busy:
                     self._busy_s += time.perf_counter() - started
 
-    # -----------------------------------------------------------------------------------------
-    # Model work (worker thread).
-
-    def _new_cache(self) -> Any:
-        return DynamicCache(config=self.model.config)
-
-    def _forward(self, ids: Tensor, mask: Tensor, positions: Tensor, cache: Any) -> Tensor:
-        """Next-token logits [B, V] fp32 after feeding `ids` [B, t] into `cache`."""
-        extra = {"logits_to_keep": 1} if self._keep_logits else {}
-        backends = contextlib.nullcontext()
-        if self.config.avoid_cudnn_attention and self.device.type == "cuda":
-            backends = sdpa_kernel(_SDPA_BACKENDS)
-        with backends:
-            out = self.model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=True,
-                **extra,
-            )
-        return out.logits[:, -1, :].float()
-
-    @torch.inference_mode()
-    def _prefill(self, batch: _Batch | None, rows: list[_Request]) -> _Batch:
-        """Prefill `rows` in groups of at most `max_prefill_tokens` padded tokens (one group
-        when caches cannot be merged) and merge them into `batch`."""
-        rows = sorted(rows, key=lambda r: len(r.prompt))
-        groups: list[list[_Request]] = []
-        for req in rows:
-            group = groups[-1] if groups else None
-            if group is None or (
-                self._mergeable
-                and (len(group) + 1) * len(req.prompt) > self.config.max_prefill_tokens
-            ):
-                groups.append(group := [])
-            group.append(req)
-        for group in groups:
-            fresh = self._prefill_group(group)
-            if batch is None:
-                batch = fresh
-            else:
-                batch.merge(fresh)
-        assert batch is not None
-        return batch
-
-    def _prefill_group(self, rows: list[_Request]) -> _Batch:
-        width = max(len(r.prompt) for r in rows)
-        ids = torch.zeros(len(rows), width, dtype=torch.long)  # [B, T] left-padded
-        mask = torch.zeros(len(rows), width, dtype=torch.long)  # [B, T]
-        for i, req in enumerate(rows):
-            ids[i, width - len(req.prompt) :] = torch.tensor(req.prompt)
-            mask[i, width - len(req.prompt) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)  # [B, T], 0 on padding
-        cache = self._new_cache()
-        chunk = max(1, self.config.max_prefill_tokens // len(rows))  # columns per forward
-        for start in range(0, width, chunk):
-            end = min(width, start + chunk)
-            logits = self._forward(ids[:, start:end], mask[:, :end], positions[:, start:end], cache)
-        self._counts["batches"] += 1
-        self._counts["prompt_tokens"] += sum(len(r.prompt) for r in rows)
-        return _Batch(list(rows), cache, mask, positions[:, -1] + 1, logits)
-
-    @torch.inference_mode()
-    def _decode_chunk(self, batch: _Batch) -> list[_Request]:
-        """Up to `decode_chunk_steps` steps, stopping early when a row finishes."""
-        finished: list[_Request] = []
-        for _ in range(self.config.decode_chunk_steps):
-            finished += self._step(batch)
-            if finished or not batch.rows:
-                break
-        return finished
-
-    def _step(self, batch: _Batch) -> list[_Request]:
-        """Sample one token per row, retire finished rows, feed the rest one token further."""
-        tokens, logprobs = sample(batch.logits, batch.sampling, self._rng)  # [B], [B]
-        self._counts["steps"] += 1
-        self._counts["row_steps"] += len(batch.rows)
-        self._counts["max_rows"] = max(self._counts["max_rows"], len(batch.rows))
-        keep: list[int] = []
-        finished: list[_Request] = []
-        for i, (req, token, logprob) in enumerate(
-            zip(batch.rows, tokens.tolist(), logprobs.tolist(), strict=True)
-        ):
-            req.tokens.append(token)
-            req.logprobs.append(logprob)
-            req.finish = _finish_reason(req, token)
-            if req.finish is None:
-                keep.append(i)
-            else:
-                finished.append(req)
-        if finished:
-            tokens = tokens[torch.tensor(keep, dtype=torch.long, device=tokens.device)]
-            batch.select(keep, self._mergeable)
-        if batch.rows:
-            batch.mask = torch.nn.functional.pad(batch.mask, (0, 1), value=1)  # [B, T + 1]
-            batch.logits = self._forward(
-                tokens[:, None], batch.mask, batch.positions[:, None], batch.cache
-            )
-            batch.positions = batch.positions + 1
-        return finished
-
-    def _copy_weights(self, items: list[tuple[str, Tensor]]) -> None:
-        targets = dict(self.model.named_parameters())
-        targets.update(self.model.named_buffers())
-        targets.update(self.model.state_dict(keep_vars=True))  # tied names too (lm_head.weight)
-        unknown = [name for name, _ in items if name not in targets]
-        if unknown:
-            raise ValueError(f"unknown weight names ({len(unknown)}): {unknown[:16]}")
-        wrong = [
-            f"{name} {tuple(t.shape)} != {tuple(targets[name].shape)}"
-            for name, t in items
-            if tuple(t.shape) != tuple(targets[name].shape)
-        ]
-        if wrong:
-            raise ValueError(f"weight shapes differ ({len(wrong)}): {wrong[:16]}")
-        with torch.no_grad():
-            for name, tensor in items:
-                targets[name].data.copy_(tensor)  # converts dtype and device
-
-    def _move_weights(self, device: str | torch.device | None) -> None:
-        if device is not None:
-            self.model.to(device)
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-
-
 def _finish_reason(req: _Request, token: int) -> FinishReason | None:
     if token in req.params.stop_token_ids:
         return "stop"
@@ -680,16 +491,4 @@ def _tags(tags: Iterable[str] | None) -> set[str]:
     return chosen
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {name!r}")
-    return dtype
+__all__ = ["MEMORY_TAGS", "EmbeddedEngine", "EmbeddedEngineConfig", "EngineStats", "resolve_device", "resolve_dtype"]
