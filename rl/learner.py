@@ -70,10 +70,11 @@ class Learner:
 
     # -- updates ------------------------------------------------------------------------------
 
-    def step(self, kind: str, samples: list[Sample]) -> dict[str, float]:
-        """One update of `kind` (ppo | sft | value) on this rank's share of `samples`."""
+    def step(self, kind: str, samples: list[Sample], lr_scale: float = 1.0) -> dict[str, float]:
+        """One update of `kind` (ppo | sft | value) on this rank's share of `samples`, with the
+        learning rates times `lr_scale` (a schedule the stage computes)."""
         t0 = time.perf_counter()
-        self._set_lr(kind)
+        self._set_lr(kind, lr_scale)
         device, ppo = self.dist.device, self.cfg.ppo
         samples = balance(samples, self.dist.world_size, self.dist.rank)  # this rank's share, by tokens
         if kind == "ppo":
@@ -88,6 +89,7 @@ class Learner:
             raise ValueError(f"unknown update kind {kind!r}")
         self.optimizer_steps += 1
         metrics["train_s"] = time.perf_counter() - t0
+        metrics["lr_actor"] = float(self.actor_opt.param_groups[0]["lr"])
         return metrics | self._throughput(kind, samples, metrics)
 
     def _throughput(self, kind: str, samples: list[Sample], metrics: dict[str, float]) -> dict[str, float]:
@@ -125,9 +127,9 @@ class Learner:
         for bucket in self.weight_buckets():
             yield from bucket
 
-    def _set_lr(self, kind: str) -> None:
+    def _set_lr(self, kind: str, scale: float = 1.0) -> None:
         o = self.cfg.optim
-        warm = min(1.0, (self.optimizer_steps + 1) / o.warmup_steps) if o.warmup_steps else 1.0
+        warm = scale * (min(1.0, (self.optimizer_steps + 1) / o.warmup_steps) if o.warmup_steps else 1.0)
         actor_lr = o.sft_lr if kind == "sft" else o.actor_lr
         for group in self.actor_opt.param_groups:
             group["lr"] = actor_lr * warm

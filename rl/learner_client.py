@@ -131,15 +131,16 @@ class LearnerGroup:
 
     # -- commands -----------------------------------------------------------------------------
 
-    async def step(self, kind: str, samples: list[Sample], *, step: int) -> dict[str, float]:
-        """One `kind` update (ppo | sft | value) on the global batch `samples`."""
+    async def step(self, kind: str, samples: list[Sample], *, step: int, lr_scale: float = 1.0) -> dict[str, float]:
+        """One `kind` update (ppo | sft | value) on the global batch `samples`, learning rates
+        times `lr_scale`."""
         batches = self.run_dir / "batches"
         batches.mkdir(exist_ok=True)
         path = batches / f"{kind}_{step:06d}.msgpack"
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(encode_samples(samples))
         tmp.replace(path)
-        answer = await self._post_all("/learner/step", {"kind": kind, "batch_path": str(path)})
+        answer = await self._post_all("/learner/step", {"kind": kind, "batch_path": str(path), "lr_scale": lr_scale})
         path.unlink(missing_ok=True)
         return answer["metrics"]
 

@@ -86,7 +86,8 @@ class Rank:
 
     async def step(self, body: dict) -> dict:
         samples = decode_samples(Path(body["batch_path"]).read_bytes())
-        metrics = await self._in_thread(lambda: self.learner.step(body["kind"], samples))
+        scale = float(body.get("lr_scale", 1.0))
+        metrics = await self._in_thread(lambda: self.learner.step(body["kind"], samples, scale))
         return {"metrics": metrics}
 
     @asynccontextmanager

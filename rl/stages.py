@@ -182,7 +182,8 @@ async def rft_step(run: Run, tasks: list[Task], g: int, k: int) -> dict:
     # Nothing generates between two rft steps: the engines get the weights after the stage's last
     # step (a resumed run pushes them at its start), not after every step.
     last = g + 1 == run.stage_end
-    train, sync = await _update(run, "sft", batch, g, times, sync=last)
+    scale = sft_lr_scale(run.cfg.optim.sft_lr_schedule, k, k + run.stage_end - g)
+    train, sync = await _update(run, "sft", batch, g, times, sync=last, lr_scale=scale)
     run.version = int(sync.get("version", run.version))
     return {f"train/{k_}": v for k_, v in train.items()} | _sync(sync) | times | {
         "rft/kept": len(kept)} | (run.collect_metrics if first else {})
@@ -210,14 +211,20 @@ def releases_memory(cfg: TrainConfig) -> bool:
     return cfg.engine.release_during_training and colocated and cfg.max_staleness == 0
 
 
+def sft_lr_scale(schedule: str, k: int, n: int) -> float:
+    """Multiplier of sft_lr at step k (0-based) of an n-step rft stage: 1 (constant), or falling
+    linearly from 1 to 1/n (linear)."""
+    return 1.0 if schedule == "constant" else (n - k) / n
+
+
 async def _update(run: Run, kind: str, samples: list[Sample], g: int, times: dict[str, float], *,
-                  sync: bool = True) -> tuple[dict, dict]:
+                  sync: bool = True, lr_scale: float = 1.0) -> tuple[dict, dict]:
     """learner.step, then (with `sync`) the weight push; fills `times` (train, sync, release,
     resume seconds) and returns (train metrics, sync metrics)."""
     pushed: dict = {}
     async with _released(run, times, weights=sync):
         t0 = time.perf_counter()
-        train = await run.learner.step(kind, samples, step=g)
+        train = await run.learner.step(kind, samples, step=g, lr_scale=lr_scale)
         times["time/train_s"] = time.perf_counter() - t0
         if sync:
             pushed = await run.sync_weights()

@@ -62,3 +62,17 @@ def test_publish_weights_hands_every_actor_tensor_once(dist):
     lm_names = set(dict(learner.actor.lm.named_parameters()))
     assert len(names) == len(set(names)) and lm_names <= set(names)
     assert metrics["version"] == 1
+
+
+def test_lr_scale_multiplies_the_stage_learning_rate(dist):
+    learner = _learner(dist, "optim.sft_lr=0.004")
+    metrics = learner.step("sft", _samples(), lr_scale=0.25)
+    assert [g["lr"] for g in learner.actor_opt.param_groups] == [pytest.approx(0.001)]
+    assert metrics["lr_actor"] == pytest.approx(0.001)
+
+
+def test_linear_sft_schedule_falls_from_one_to_one_over_n():
+    from rl.stages import sft_lr_scale
+
+    assert [sft_lr_scale("linear", k, 4) for k in range(4)] == [1.0, 0.75, 0.5, 0.25]
+    assert {sft_lr_scale("constant", k, 4) for k in range(4)} == {1.0}
