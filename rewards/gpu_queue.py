@@ -87,6 +87,10 @@ class GpuQueueConfig(Struct, frozen=True, kw_only=True):
     """The interpreter that runs `rewards.worker`."""
     fork_per_job: bool = False
     """The worker forks a fresh child per job (a zygote) instead of running jobs itself."""
+    compile_threads: int = 1
+    """Inductor's compile processes per job (TORCHINDUCTOR_COMPILE_THREADS). Above 1 only with
+    `fork_per_job`: a long-lived worker would keep the pool's pipe to processes that the
+    sandbox's stray reaper kills after each job; a forked child's pool goes with the child."""
     preload: tuple[str, ...] = ()
     """Modules a worker imports once at start, e.g. ("torch",); importing must not init CUDA."""
     handlers: dict[str, str] = {}

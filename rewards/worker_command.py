@@ -89,7 +89,8 @@ def worker_env(config: GpuQueueConfig, gpu: int, scratch: Path) -> dict[str, str
     # the sandboxed worker kills every other process after each job (--reap-strays), and torch
     # keeps the pool's write pipe open in the parent, so the next compile would wait forever on
     # a reaped pool (seen on an H100: a profile job hung with the GPU idle).
-    env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+    # A child forked per job starts its own pool and takes it with it (`compile_threads`).
+    env["TORCHINDUCTOR_COMPILE_THREADS"] = str(config.compile_threads if config.fork_per_job else 1)
     # Inductor's caches live under TMPDIR, the scratch dir emptied after every job (a candidate
     # must not leave anything for a later job's baselines); its precompiled C++ header path is
     # remembered per process, so a later CPU compile would include a deleted file.

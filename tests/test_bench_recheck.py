@@ -6,6 +6,7 @@ problems."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import orjson
@@ -202,6 +203,11 @@ async def test_the_default_queue_forks_a_fresh_process_per_job_with_rewards_base
     cache = tmp_path / "out" / CACHE_DIR
     assert q.writable_paths == (str(cache),) and q.preload[0] == "torch"
     assert q.env == {"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton")}
+    # each forked job compiles with the machine's cores shared among the lanes (at most 8)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert (await default_queue_config(BenchConfig(out_dir=str(tmp_path / "out")))).compile_threads == 8
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert (await default_queue_config(BenchConfig(out_dir=str(tmp_path / "out")))).compile_threads == 3
 
     async def no_gpu(config):
         return ()

@@ -49,6 +49,15 @@ def spawn(payload, ctx):
 
 def shout(payload, ctx):
     return payload.upper()
+
+def compile_sum(payload, ctx):
+    """torch.compile on the CPU (a cold Inductor compile: the cache is in the emptied scratch)."""
+    import torch
+    import torch._inductor.config as inductor
+
+    scale = float(payload.decode())
+    out = torch.compile(lambda x: (x * scale + 1).sum())(torch.arange(8.0))
+    return f"{inductor.compile_threads} {float(out)}".encode()
 '''
 
 
@@ -75,7 +84,8 @@ def config(tmp_path, outside_dir, monkeypatch) -> GpuQueueConfig:
         scratch_root=str(tmp_path / "scratch"),
         job_default_deadline_s=30.0,
         worker_start_timeout_s=30.0,
-        handlers={"spawn": "queue_test_handlers:spawn", "shout": "queue_test_handlers:shout"},
+        handlers={"spawn": "queue_test_handlers:spawn", "shout": "queue_test_handlers:shout",
+                  "compile_sum": "queue_test_handlers:compile_sum"},
     )
 
 
@@ -374,6 +384,25 @@ async def test_sandboxed_job_gets_the_configured_env_and_writable_paths(config, 
     value = decode(result.value, EchoEnvValue)
     assert value.writable == {str(paths[0]): True, str(paths[1]): False}
     assert value.env == {"TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHINDUCTOR_COMPILE_THREADS": "4"}
+
+
+@needs_bwrap
+async def test_forked_jobs_compile_with_their_own_inductor_pool(config):
+    """compile_threads > 1: each forked child compiles with a pool of its own; the stray reaper
+    kills it after the job and the next child starts a new one."""
+    lane = one_lane(config, sandbox=True, fork_per_job=True, compile_threads=2, preload=("torch",),
+                    job_default_deadline_s=240.0)
+    async with GpuQueue(lane) as queue:
+        results = [await queue.submit(Job(job_id=f"compile-{k}", kind="compile_sum", payload=str(k).encode()))
+                   for k in (2, 3)]
+    assert [r.status for r in results] == [JobStatus.OK, JobStatus.OK], [r.error[-500:] for r in results]
+    assert [r.value.decode() for r in results] == ["2 64.0", "2 92.0"]
+
+
+def test_a_long_lived_worker_compiles_in_one_thread_whatever_is_asked(config, tmp_path):
+    env = worker_env(one_lane(config, compile_threads=8), 0, tmp_path)
+    forked = worker_env(one_lane(config, compile_threads=8, fork_per_job=True), 0, tmp_path)
+    assert (env["TORCHINDUCTOR_COMPILE_THREADS"], forked["TORCHINDUCTOR_COMPILE_THREADS"]) == ("1", "8")
 
 
 @needs_bwrap

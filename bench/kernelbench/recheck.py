@@ -51,6 +51,7 @@ only (no candidate runs in this queue), so a fresh process reuses the compiled k
 launchers built with gcc and the FX graphs instead of compiling them again. What is timed is the
 same compiled code either way; the caches only save compile time."""
 PRELOAD = ("torch", "torch._dynamo")
+MAX_COMPILE_THREADS = 8
 """Imported once by the zygote, not by every job's process (~2-3 s each). Not Inductor: a zygote
 that imported `torch._inductor.compile_fx` left every forked job "Cannot re-initialize CUDA in
 forked subprocess" (H200, torch 2.11)."""
@@ -203,8 +204,10 @@ async def default_queue_config(config: BenchConfig) -> GpuQueueConfig:
         raise NoGpuError("--recheck-baselines needs a GPU (torch sees none)")
     queue = queue_config(env, gpus)
     cache = Path(config.out_dir).resolve() / CACHE_DIR
+    # Cold Inductor compiles of L3 models take minutes in one thread; a job's child owns its pool.
+    threads = max(1, min(MAX_COMPILE_THREADS, (os.cpu_count() or 1) // len(gpus)))
     return replace(queue, fork_per_job=True, handlers={**queue.handlers, "baseline": BASELINE_HANDLER},
-                   preload=PRELOAD, writable_paths=(str(cache),),
+                   preload=PRELOAD, writable_paths=(str(cache),), compile_threads=threads,
                    env={"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton")})
 
 
