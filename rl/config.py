@@ -108,6 +108,10 @@ class DataConfig(Struct, frozen=True, kw_only=True):
     rft on their demonstrations a random-weight model's rollouts write real kernels for them."""
     collect_tasks: int = 0
     """Tasks rolled out by one rft/value collection (the first of the step-0 order); 0: all."""
+    rft_policy_rollouts: bool = True
+    """The rft collection also rolls out the policy on a task file's tasks (keeping reward > 0);
+    off: demonstrations only (a random-weight model's rollouts of thousands of tokens are never
+    kept, and they are the slow part of the collection)."""
     seed: int = 0
     """Seed of the task order (the data position is the step)."""
 

@@ -290,12 +290,13 @@ async def _collect(run: Run, tasks: list[Task], stage: str) -> list[Trajectory]:
     tasks = collection_tasks(tasks, cfg)
     items = [WorkItem(task=t, group_id=f"{t.task_id}@{stage}", samples=cfg.data.samples_per_task) for t in tasks]
     trajs: list[Trajectory] = []
-    if stage == "rft" and cfg.data.demos > 0:
+    demos_given = stage == "rft" and cfg.data.demos > 0
+    if demos_given:
         demos = demo_tasks(cfg.data.demos, cfg.data.demo_names)
         demo_items = [WorkItem(task=d.task, group_id=d.task.task_id, samples=1) for d in demos]
         script = RolloutConfig(max_turns=12, max_new_tokens=16384, max_context_tokens=cfg.rollout.max_context_tokens)
         trajs += await run.rollouts(demo_items, tag="rft_demos", engine=demo_engine(run.renderer, demos), rollout=script)
-    if stage == "value" or cfg.data.tasks != "demos":
+    if stage == "value" or (cfg.data.tasks != "demos" and (cfg.data.rft_policy_rollouts or not demos_given)):
         trajs += await run.rollouts(items, tag=f"{stage}_collect")
     return trajs
 

@@ -26,3 +26,38 @@ def test_a_task_file_without_usable_tasks_stops_the_run(tmp_path):
     (tmp_path / "broken.py").write_text("class Model:\n    pass\n")  # no get_inputs
     with pytest.raises(SystemExit, match="no usable tasks"):
         training_tasks(apply_overrides(smoke_cpu(), [f"data.tasks={tmp_path}"]))
+
+
+class _Renderer:
+    stop_token_ids = [0]
+
+
+class _RecordingRun:
+    """What a collection asks the orchestrator for: (tag, task ids) per rollouts call."""
+
+    renderer = _Renderer()
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.calls: list[tuple[str, list[str]]] = []
+
+    async def rollouts(self, items, *, tag, **_):
+        self.calls.append((tag, sorted(i.task.task_id for i in items)))
+        return []
+
+
+@pytest.mark.parametrize("policy", [True, False])
+async def test_rft_collection_rolls_out_the_policy_unless_demonstrations_suffice(tmp_path, policy):
+    from rl.stages import _collect
+
+    (tmp_path / "softmax.py").write_text((DEMOS / "l1_23_softmax" / "model.py").read_text())
+    cfg = apply_overrides(smoke_cpu(), [f"data.tasks={tmp_path}", 'data.demo_names=["l1_1_matmul_cublas"]',
+                                        "data.demos=1", "data.with_demo_tasks=true",
+                                        f"data.rft_policy_rollouts={str(policy).lower()}"])
+    run = _RecordingRun(cfg)
+    tasks = training_tasks(cfg)
+    await _collect(run, tasks, "rft")
+    await _collect(run, tasks, "value")  # the value collection always rolls out the policy
+    policy_call = ("rft_collect", sorted(t.task_id for t in tasks))
+    assert run.calls == [("rft_demos", ["l1_1_matmul_cublas"])] + [policy_call] * policy + [
+        ("value_collect", policy_call[1])]
