@@ -1,6 +1,6 @@
 """Packing samples into micro-batches: several documents in one [1, T] row, no padding.
 
-What it is: `pack` (first-fit decreasing bins under a token budget), `MicroBatch` (the tensors
+What it is: `pack` (bins under a token budget: first-fit decreasing, improved by a bounded search), `MicroBatch` (the tensors
 of one packed row, position-indexed), `collate` / `micro_batches` (samples -> MicroBatch),
 `dummy_micro_batch` (an all-masked row that keeps FSDP collectives in step across ranks) and
 `balance` (a rank's share of the global batch, balanced by tokens).
@@ -29,18 +29,24 @@ import torch
 
 from rl.samples import Sample
 
+SEARCH_MAX_ITEMS = 256
+"""Above this many documents `pack` keeps first-fit decreasing (the search recurses per document)."""
 FIELDS = ("old_logprobs", "behaviour_logprobs", "ref_logprobs", "advantages", "returns", "old_values")
 """Optional position-indexed float fields of a MicroBatch."""
 
 
-def pack(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
-    """Indices into bins of total length <= token_budget, first-fit decreasing (deterministic)."""
+def pack(lengths: Sequence[int], token_budget: int, *, search_nodes: int = 20_000) -> list[list[int]]:
+    """Indices into bins of total length <= token_budget: first-fit decreasing, then, when that
+    takes more bins than the lower bound ceil(total / budget), a bounded depth-first search for
+    a packing into fewer (each bin is a micro-batch: fewer, fuller rows cost less per token).
+    Deterministic; the search gives up after `search_nodes` placements and keeps what it has."""
     for i, n in enumerate(lengths):
         if n > token_budget:
             raise ValueError(f"sample {i} has {n} tokens, more than the micro-batch budget of {token_budget}")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     bins: list[list[int]] = []
     room: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+    for i in order:
         for b, free in enumerate(room):
             if lengths[i] <= free:
                 bins[b].append(i)
@@ -49,7 +55,48 @@ def pack(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
         else:
             bins.append([i])
             room.append(token_budget - lengths[i])
+    if len(order) > SEARCH_MAX_ITEMS:  # many short documents: first-fit decreasing is near the bound
+        return bins
+    nodes = [search_nodes]
+    for k in range(-(-sum(lengths) // token_budget), len(bins)):
+        found = _pack_into(k, order, lengths, token_budget, nodes)
+        if found is not None:
+            return found
     return bins
+
+
+def _pack_into(k: int, order: list[int], lengths: Sequence[int], budget: int, nodes: list[int]) -> list[list[int]] | None:
+    """Items (longest first) into at most k bins by depth-first search, or None (none found
+    before the shared placement budget `nodes[0]` ran out). Bins with equal room are
+    interchangeable: only the first of them is tried."""
+    bins: list[list[int]] = [[] for _ in range(k)]
+    room = [budget] * k
+    left = [0] * (len(order) + 1)  # tokens of order[j:]
+    for j in range(len(order) - 1, -1, -1):
+        left[j] = left[j + 1] + lengths[order[j]]
+
+    def place(j: int) -> bool:
+        if j == len(order):
+            return True
+        if left[j] > sum(room):
+            return False
+        n, tried = lengths[order[j]], set()
+        for b in range(k):
+            if room[b] < n or room[b] in tried:
+                continue
+            if nodes[0] <= 0:
+                return False
+            nodes[0] -= 1
+            tried.add(room[b])
+            bins[b].append(order[j])
+            room[b] -= n
+            if place(j + 1):
+                return True
+            room[b] += n
+            bins[b].pop()
+        return False
+
+    return [b for b in bins if b] if place(0) else None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -103,6 +103,34 @@ def test_pack_bins_within_budget_and_every_sample_once(seed):
     assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
 
 
+def test_pack_finds_the_fewest_bins_where_first_fit_decreasing_needs_one_more():
+    # FFD: 5+4 | 3+3+3 | 2 (three bins); the search finds 5+3+2 | 4+3+3.
+    bins = pack([5, 4, 3, 3, 3, 2], 10)
+    assert sorted(sorted(b) for b in bins) == [[0, 2, 5], [1, 3, 4]]
+
+
+def test_pack_rows_filled_exactly_come_back_as_that_many_bins():
+    """bench.learner's synthetic batch: documents that fill k rows exactly (FFD needed k + 1 for
+    most of them)."""
+    rng = random.Random(0)
+    for _ in range(20):
+        lengths = []
+        for _row in range(2):
+            left = 16384
+            while left:
+                n = left if left <= 8192 else min(rng.randint(256, 8192), left)
+                lengths.append(n)
+                left -= n
+        assert len(pack(lengths, 16384)) == 2
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_pack_never_takes_more_bins_than_first_fit_decreasing(seed):
+    rng = random.Random(seed)
+    lengths = [rng.randint(1, 50) for _ in range(rng.randint(1, 40))]
+    assert len(pack(lengths, 64)) <= len(pack(lengths, 64, search_nodes=0))
+
+
 def test_pack_sample_over_budget_raises_naming_it():
     with pytest.raises(ValueError, match="sample 1 has 70 tokens"):
         pack([10, 70, 5], 64)
