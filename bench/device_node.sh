@@ -17,7 +17,7 @@ if [ "${RANKS_TEST:-1}" = 1 ]; then
   timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_train_ranks.py > $OUT/ranks.log 2>&1
   echo "2-rank GPU test rc $? at $((SECONDS-T0)) s"; tail -1 $OUT/ranks.log
 fi
-RUN=/tmp/node
+RUN=/tmp/node; rm -rf $RUN  # a warm machine keeps /tmp from the previous call
 timeout $((LIMIT + 120)) python3 -m bench.node --recipe $RECIPE --run-dir $RUN --time-limit-s $LIMIT --watch-gpus $WATCH \
   --watch-grace-s 45 --single-gpu-json bench/results/2026-11-22-session4/l_15_16k_ac1.json \
   --set stage=smoke --set model.compile_blocks=false --set data.tasks=$TASKS --set data.demos=1 \

@@ -23,7 +23,7 @@ T0=$SECONDS
   echo "smoke rc $? at $((SECONDS-T0)) s" >> $OUT/side.txt
   cp /tmp/smoke/metrics.jsonl $OUT/smoke_metrics.jsonl 2>/dev/null
 ) &
-RUN=/tmp/node
+RUN=/tmp/node; rm -rf $RUN  # a warm machine keeps /tmp from the previous call
 timeout $((LIMIT + 100)) python3 -m bench.node --recipe node_8gpu --run-dir $RUN --time-limit-s $LIMIT --watch-gpus 6 \
   --watch-grace-s 45 --single-gpu-json bench/results/2026-11-22-session4/l_15_16k_ac1.json \
   --set stage=smoke --set model.compile_blocks=false --set data.tasks=$TASKS --set data.demos=1 \

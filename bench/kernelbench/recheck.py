@@ -51,10 +51,12 @@ only (no candidate runs in this queue), so a fresh process reuses the compiled k
 launchers built with gcc and the FX graphs instead of compiling them again. What is timed is the
 same compiled code either way; the caches only save compile time."""
 PRELOAD = ("torch", "torch._dynamo")
-MAX_COMPILE_THREADS = 8
 """Imported once by the zygote, not by every job's process (~2-3 s each). Not Inductor: a zygote
 that imported `torch._inductor.compile_fx` left every forked job "Cannot re-initialize CUDA in
 forked subprocess" (H200, torch 2.11)."""
+MAX_COMPILE_THREADS = 8
+"""Inductor compile processes per job at most (the machine's cores shared among the lanes): the
+16 L3 problems left in session 7 took 13-54 s each with 8 on one H200, 20-150 s with 1 on four."""
 AGREE_RATIO = 1.10
 """Two times agree when the larger is at most 10% above the smaller."""
 BASELINE_HANDLER = "rewards.baselines:baseline"
