@@ -190,11 +190,13 @@ async def rft_step(run: Run, tasks: list[Task], g: int, k: int) -> dict:
 
 
 async def value_step(run: Run, tasks: list[Task], g: int, k: int) -> dict:
+    first = "value" not in run.pools
     pool = await _collected(run, tasks, "value", select=False)
     batch = _cyclic(pool, k, run.cfg.data.tasks_per_step * run.cfg.data.samples_per_task)
     times: dict[str, float] = {}
     train, _ = await _update(run, "value", batch, g, times, sync=False)
-    return {f"train/{k_}": v for k_, v in train.items()} | times
+    # the collection's rollout figures (pass rate, statuses): the policy PPO starts from
+    return {f"train/{k_}": v for k_, v in train.items()} | times | (run.collect_metrics if first else {})
 
 
 STAGE_INDEX = {"single_turn": 0, "rft": 1, "value": 2, "ppo": 3}

@@ -37,6 +37,9 @@ def test_smoke_demonstrations_are_rewarded_and_sft_loss_falls(smoke_run):
     rft = [r for r in rows if r.get("stage_index") == 1]
     assert rft[0]["collect/pass_rate"] == 1.0  # every demonstration passed the environment
     assert rft[-1]["train/sft_loss"] < rft[0]["train/sft_loss"]
+    value = [r for r in rows if r.get("stage_index") == 2]
+    # the value collection's rollouts are logged too: the policy PPO starts from
+    assert value[0]["collect/trajectories"] > 0 and "collect/pass_rate" in value[0]
 
 
 def test_smoke_ppo_steps_record_rewards_and_weight_versions(smoke_run):
