@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> None:
     if d.is_main and args.out:
         report = {"device": device, "torch": torch.__version__, "world_size": d.world_size, "rows": rows}
         args.out.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
-    close_distributed()
+    close_distributed(sync=True)
 
 
 if __name__ == "__main__":

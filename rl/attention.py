@@ -11,8 +11,9 @@ FlexAttention with document BlockMasks spent minutes per new shape in Inductor o
 torch has the kernel and a CUDA device to run it.
 
 What it is not: a general attention (no padding masks, no KV cache: generation uses the
-engine's own attention), or a CPU kernel: on CPU the same function runs a per-document sdpa
-loop, which is what the CPU tests compare against packed sdpa.
+engine's own attention), or a CPU kernel: on CPU (and for fp32 on CUDA, which FlashAttention
+does not take) the same function runs a per-document sdpa loop, which is what the CPU tests
+compare against packed sdpa.
 
 Example:
     register()                                    # once; rl.models does it
@@ -79,7 +80,7 @@ def varlen_attention(
     if k.shape[1] != q.shape[1]:  # grouped-query attention: expand the shared KV heads
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    if q.is_cuda:
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):  # FlashAttention's dtypes
         from torch.nn.attention.varlen import varlen_attn
 
         out = varlen_attn(

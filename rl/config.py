@@ -51,9 +51,9 @@ class OptimConfig(Struct, frozen=True, kw_only=True):
     """AdamW betas."""
     warmup_steps: int = 0
     """Linear learning-rate warm-up, in optimizer steps."""
-    fused: bool = False
-    """AdamW(fused=True) on CUDA: one kernel per step instead of foreach launches (not yet measured
-    against foreach; `python -m bench.learner --fused-adam`)."""
+    fused: bool = True
+    """AdamW(fused=True) on CUDA: one kernel per step instead of foreach launches (1.5B, 16k tokens,
+    no AC, H200: 37.8 -> 38.9% MFU in `python -m bench.learner --fused-adam`, session 9). CPU: foreach."""
 
 
 class LayoutConfig(Struct, frozen=True, kw_only=True):

@@ -84,9 +84,14 @@ def init_distributed(cfg: DistConfig | None = None) -> Dist:
     return Dist(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank, device=device)
 
 
-def close_distributed() -> None:
-    """Leave the process group (after the last collective; NCCL warns at exit otherwise)."""
+def close_distributed(*, sync: bool = False) -> None:
+    """Leave the process group (after the last collective; NCCL warns at exit otherwise).
+    `sync`: a barrier first, so no rank tears its connections down while a peer still uses them
+    (a gloo rank exiting early aborted a peer with "terminate called without an active exception").
+    Only on a clean finish: with a peer gone the barrier would fail or wait for the timeout."""
     if dist.is_initialized():
+        if sync and dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()
 
 

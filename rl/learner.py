@@ -64,7 +64,8 @@ class Learner:
                 compile_blocks(layers(module))
             if cfg.model.gradient_checkpointing:
                 apply_activation_checkpointing(module, every_kth(layers(module), cfg.model.checkpoint_every))
-            shard(module, layers=layers(module), mixed_precision=dist.device.type == "cuda")
+            shard(module, layers=layers(module), mixed_precision=dist.device.type == "cuda",
+                  reshard_after_forward=cfg.model.reshard_after_forward)
         _seed_everything(cfg.seed + 1000 * dist.rank)  # sampling/dropout streams differ per rank
         return cls(cfg, dist, actor, critic)
 

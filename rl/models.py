@@ -66,6 +66,10 @@ class ModelConfig(Struct, frozen=True, kw_only=True):
     """Run the actor's LM head + log-softmax only at the positions whose next token is an action
     (the `mask` the update passes); prompt and tool-output positions, which no loss reads, get 0.
     Same losses and gradients as the full head (tests/test_head_actions.py); False = every position."""
+    reshard_after_forward: bool = True
+    """FSDP2: free each block's gathered bf16 weights after its forward and gather them again for
+    the backward. False keeps them (bf16 params held once more, 3 GB at 1.5B): 1.5B, 16k tokens,
+    no AC on an H200: 37.8 -> 38.7% MFU alone, 39.4% with fused AdamW (session 9)."""
     seed: int = 0
     """Seed of the random init (actor and critic backbones start equal)."""
 

@@ -286,10 +286,12 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(max(1, torch.get_num_threads() // dist.world_size))
     learner = Learner.build(cfg, dist)
     rank = Rank(cfg, run_dir, dist, learner, build_engine(cfg, dist, learner))
+    finished = False
     try:
         anyio.run(serve, rank, a.port_base + dist.rank, backend_options={"use_uvloop": True})
+        finished = True
     finally:
-        close_distributed()
+        close_distributed(sync=finished)
     return 0
 
 

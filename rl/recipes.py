@@ -91,7 +91,9 @@ def single_gpu() -> TrainConfig:
         recipe="single_gpu",
         run_dir="runs/single_gpu",
         stage="ppo",
-        model=ModelConfig(hf_config=qwen2_config("0.5b"), gradient_checkpointing=True),
+        # One rank: nothing to shard, so keeping the bf16 weights between forward and backward
+        # costs ~1 GB at 0.5B and saves casting them again (1.5B on an H200: +0.9 points of MFU).
+        model=ModelConfig(hf_config=qwen2_config("0.5b"), gradient_checkpointing=True, reshard_after_forward=False),
         ppo=PPOConfig(token_budget=16384),
         data=DataConfig(tasks_per_step=16, samples_per_task=4),
         rollout=RolloutConfig(max_turns=40, max_new_tokens=4096, max_context_tokens=32768),

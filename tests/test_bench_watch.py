@@ -197,6 +197,8 @@ async def test_watch_benchmarks_a_checkpoint_with_the_real_runner_on_gpu(tmp_pat
     config = BenchConfig(problems_path=str(problems), levels=(1,), problem_ids=(19,), max_turns=2,
                          max_new_tokens=32, max_context_tokens=16384, gpus=(0,), progress=False)
     rows = await w.watch(tmp_path, config, once=True)
+    failures = tmp_path / "bench" / "failures.jsonl"
+    assert not failures.exists(), failures.read_text()
     (record,) = read_records(tmp_path / "bench" / "kernelbench" / "records.jsonl")
     print(record)
     assert record.checkpoint_step == 10 and record.outcome in ("no_candidate", "scored")

@@ -311,7 +311,7 @@ def _fsdp_worker(out: Path) -> None:
         "draws_equal": _draws() == draws,
     }
     torch.save(result, out / f"result_{d.rank}.pt")
-    close_distributed()
+    close_distributed(sync=True)
 
 
 @pytest.fixture(scope="module")
@@ -450,7 +450,7 @@ def _cuda_worker(out: Path, tokenizer_dir: str) -> None:
         "export_equal": all(torch.equal(v.cpu(), saved[k].to(torch.bfloat16)) for k, v in hf.state_dict().items()),
     }
     torch.save(result, out / "result.pt")
-    close_distributed()
+    close_distributed(sync=True)
 
 
 @pytest.mark.gpu

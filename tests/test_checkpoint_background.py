@@ -204,7 +204,7 @@ def _fsdp_worker(out: Path) -> None:
         result["error"] = str(exc)
     result["latest"] = checkpoint.latest_dir(out / "run").name
     torch.save(result, out / f"result_{d.rank}.pt")
-    close_distributed()
+    close_distributed(sync=True)
 
 
 def test_fsdp_ranks_save_in_the_background_and_agree_on_a_failure(tmp_path):

@@ -444,6 +444,7 @@ async def test_invalid_requests_raise_value_error(hf_config):
 async def test_cuda_bfloat16_batch_and_weight_offload(hf_config, prompts):
     engine = EmbeddedEngine.from_hf_config(hf_config, EmbeddedEngineConfig(device="cuda"), seed=0)
     assert next(engine.model.parameters()).dtype == torch.bfloat16
+    assert engine.device == torch.device("cuda", torch.cuda.current_device())  # set_device needs the index
     jobs = [(p, params(16, seed=i)) for i, p in enumerate(prompts * 4)]
     async with engine.running():
         gens = await gather(engine, jobs)

@@ -128,7 +128,7 @@ def _worker(out: Path) -> None:
     }
     if d.is_main:
         torch.save(result, out / "result.pt")
-    close_distributed()
+    close_distributed(sync=True)
 
 
 @pytest.fixture(scope="module")
@@ -253,7 +253,7 @@ def _cuda_worker(out: Path) -> None:
         "update_norm_ratio": float(delta.norm() / ref_delta.norm()),
     }
     torch.save(result, out / "result.pt")
-    close_distributed()
+    close_distributed(sync=True)
 
 
 def test_every_kth_layer_keeps_the_last_one_and_rejects_zero():

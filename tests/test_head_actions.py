@@ -233,7 +233,7 @@ def _sharded_sft_worker(out: Path) -> None:
     }
     if d.is_main:
         torch.save({"state": state, "metrics": metrics}, out / "result.pt")
-    close_distributed()
+    close_distributed(sync=True)
 
 
 def test_fsdp2_rank_without_actions_trains_like_one_process_with_an_untied_head(

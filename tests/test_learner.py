@@ -76,3 +76,19 @@ def test_linear_sft_schedule_falls_from_one_to_one_over_n():
 
     assert [sft_lr_scale("linear", k, 4) for k in range(4)] == [1.0, 0.75, 0.5, 0.25]
     assert {sft_lr_scale("constant", k, 4) for k in range(4)} == {1.0}
+
+
+def test_keeping_gathered_weights_after_forward_changes_no_update(dist):
+    """model.reshard_after_forward=false (FSDP2 keeps each block's gathered weights for the
+    backward) is a speed setting: the same losses and weights as resharding."""
+    results = []
+    for reshard in ("true", "false"):
+        learner = _learner(dist, f"model.reshard_after_forward={reshard}")
+        block = learner.actor.lm.model.layers[0]
+        keeps = block._get_fsdp_state()._fsdp_param_group.post_forward_mesh_info is None
+        assert keeps == (reshard == "false")
+        metrics = [learner.step(kind, _samples()) for kind in ("sft", "ppo")]
+        weights = torch.cat([p.detach().flatten() for p in learner.actor.parameters()])
+        results.append(([m["sft_loss" if "sft_loss" in m else "policy_loss"] for m in metrics], weights))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-6)
+    torch.testing.assert_close(results[0][1], results[1][1])

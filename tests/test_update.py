@@ -305,7 +305,7 @@ def _worker(out) -> None:
     after = [{k: v.clone() for b in full_state_items(m, 1 << 20) for k, v in b} for m in (actor, critic)]
     if d.is_main:
         torch.save({"metrics": metrics, "after": after, "micro_batches": counts}, out / "result.pt")
-    close_distributed()
+    close_distributed(sync=True)
 
 
 @pytest.fixture(scope="module")
@@ -375,7 +375,7 @@ def test_ppo_step_on_cuda_under_fsdp_bf16_mixed_precision():
         a, c = Recorder(actor.parameters()), Recorder(critic.parameters())
         m = ppo_step(actor, critic, a, c, batch(8), PPOConfig(token_budget=48, tis_cap=2.0), "cuda")
     finally:
-        close_distributed()
+        close_distributed(sync=True)
     assert m["ratio_max"] == 1.0 and m["clipfrac"] == 0.0
     assert all(math.isfinite(v) for k, v in m.items() if k != "explained_variance")
     for g in a.grads + c.grads:

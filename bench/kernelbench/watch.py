@@ -35,6 +35,7 @@ import shutil
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -259,9 +260,10 @@ async def _one(run_dir: Path, step: int, ckpt: Path, config: Any, board: _Board,
         log.info("step %d: benchmarking on GPUs %s", step, getattr(config, "gpus", "?"))
         records = await run_benchmark(bench)
     except Exception as exc:  # noqa: BLE001 - one bad checkpoint must not end the watch
-        log.error("step %d: %s", step, exc)
+        error = "".join(traceback.format_exception(exc))[-4000:]  # an ExceptionGroup's str hides its cause
+        log.error("step %d: %s", step, error)
         _append(run_dir / BENCH_DIR / FAILURES_FILE,
-                {"step": step, "time": time.time(), "checkpoint": ckpt.name, "error": str(exc)[-4000:]})
+                {"step": step, "time": time.time(), "checkpoint": ckpt.name, "error": error})
         return None
     finally:
         if not keep:

@@ -188,9 +188,14 @@ def finish_reason(req: _Request, token: int) -> FinishReason | None:
 
 
 def resolve_device(name: str) -> torch.device:
+    """"auto", "cuda", "cuda:1", "cpu" as a torch.device; a CUDA device always carries its index
+    (the current one), since the engine sets it in each worker thread and `set_device` needs one."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
