@@ -205,6 +205,7 @@ def run_one(size: str, tokens: int, args: argparse.Namespace, d: Dist) -> dict:
         "checkpoint_every": args.ac_every,
         "fused_adam": args.fused_adam,
         "attn": args.attn,
+        "varlen_native_gqa": _native_gqa_or_none(),
         "compile_head": not args.no_compile_head,
         "head_on_actions_only": not args.full_head,
         "reshard_after_forward": not args.no_reshard,
@@ -323,6 +324,13 @@ def _ac(r: dict) -> str:
     if not r["activation_checkpointing"]:
         return "off"
     return "on" if r.get("checkpoint_every", 1) == 1 else f"1/{r['checkpoint_every']}"
+
+
+def _native_gqa_or_none() -> bool | None:
+    """Whether the varlen kernel takes the KV heads as they are (None: no varlen kernel here)."""
+    from rl.attention import native_gqa, varlen_available
+
+    return native_gqa() if varlen_available() else None
 
 
 def main(argv: list[str] | None = None) -> None:

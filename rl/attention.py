@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -61,6 +62,15 @@ def _window_kwargs() -> dict[str, Any]:
     return {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
 
 
+@functools.cache
+def native_gqa() -> bool:
+    """Whether this torch's varlen_attn takes fewer KV heads than query heads (`enable_gqa`), so
+    the shared KV heads need no [T, Hq, D] copies in forward and no reduction of them in backward."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    return "enable_gqa" in inspect.signature(varlen_attn).parameters
+
+
 def varlen_attention(
     module: torch.nn.Module,
     query: torch.Tensor,  # [1, Hq, T, D]
@@ -77,15 +87,18 @@ def varlen_attention(
     if cu_seq_lens_q is None or query.shape[0] != 1:
         raise ValueError("varlen attention needs one packed row and packed_kwargs(position_ids) in the forward call")
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
-    if k.shape[1] != q.shape[1]:  # grouped-query attention: expand the shared KV heads
+    flash = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)  # FlashAttention's dtypes
+    gqa = k.shape[1] != q.shape[1]
+    if gqa and not (flash and native_gqa()):  # expand the shared KV heads
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):  # FlashAttention's dtypes
+        gqa = False
+    if flash:
         from torch.nn.attention.varlen import varlen_attn
 
         out = varlen_attn(
             q.contiguous(), k.contiguous(), v.contiguous(), cu_seq_lens_q, cu_seq_lens_q,
-            max_length_q, max_length_q, scale=scaling, **_window_kwargs(),
+            max_length_q, max_length_q, scale=scaling, **_window_kwargs(), **({"enable_gqa": True} if gqa else {}),
         )  # [T, Hq, D]
     else:
         out = _per_document_sdpa(q, k, v, cu_seq_lens_q, scaling)

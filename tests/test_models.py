@@ -226,11 +226,18 @@ def test_cuda_varlen_kernel_is_causal_within_each_document():
     total = sum(lengths)
     q, k, v = (torch.randn(1, h, total, 64, device="cuda", generator=g) for h in (8, 2, 2))  # GQA 8/2
     cu = torch.tensor([0, *itertools.accumulate(lengths)], device="cuda", dtype=torch.int32)
-    out, _ = varlen_attention(None, q.bfloat16(), k.bfloat16(), v.bfloat16(), None, scaling=0.125,
-                              cu_seq_lens_q=cu, max_length_q=max(lengths))
-    kk, vv = (t[0].transpose(0, 1).repeat_interleave(4, dim=1) for t in (k, v))
-    want = _per_document_sdpa(q[0].transpose(0, 1), kk, vv, cu, 0.125)  # [T, H, D]
-    torch.testing.assert_close(out[0].float(), want, atol=3e-2, rtol=0)
+    leaves = [t.bfloat16().requires_grad_() for t in (q, k, v)]
+    out, _ = varlen_attention(None, *leaves, None, scaling=0.125, cu_seq_lens_q=cu, max_length_q=max(lengths))
+    ref = [t.clone().requires_grad_() for t in (q, k, v)]
+    kk, vv = (t[0].transpose(0, 1).repeat_interleave(4, dim=1) for t in ref[1:])
+    want = _per_document_sdpa(ref[0][0].transpose(0, 1), kk, vv, cu, 0.125)  # [T, H, D]
+    torch.testing.assert_close(out[0].float(), want.detach(), atol=3e-2, rtol=0)
+    weights = torch.randn(want.shape, device="cuda", generator=g)
+    (out[0].float() * weights).sum().backward()
+    (want * weights).sum().backward()  # the shared KV heads' gradients: summed over their query heads
+    for got, expected in zip(leaves, ref, strict=True):
+        error = (got.grad.float() - expected.grad).norm() / expected.grad.norm()
+        assert error < 2e-2, error
 
 
 @pytest.mark.gpu
