@@ -13,7 +13,8 @@ What it is: `python -m bench.timing` (on a GPU machine) spawns `--runs` fresh wo
 Then it times the eager and torch.compile baselines of a few KernelBench problems twice,
 each in its own process (`--child baselines`, no cache); with `--cpu-load N` the same number of
 processes again while N busy-looping processes hold the CPUs (a compile pool at work beside the
-GPU queue), reported as loaded / quiet per problem. Targets (the issue): spread of medians
+GPU queue), reported as loaded / quiet per problem; `--pin-cores K` adds a third set with the
+baseline process on K cores of its own and the busy processes on the others (pinned / quiet). Targets (the issue): spread of medians
 (max - min) / median <= 1% across the processes for kernels of 50 us or more; agreement with
 do_bench within 3%; baselines of two independent processes within 10% of each other.
 
@@ -22,6 +23,7 @@ What it is not: a benchmark of kernels or of torch; no test asserts these number
     python -m bench.timing                              # 5 runs, 3 problems, JSON on stdout
     python -m bench.timing --runs 5 --out timing.json --problems 19_ReLU,40_LayerNorm
     python -m bench.timing --runs 1 --problems 4_LeNet5,20_MobileNetV2 --cpu-load 16   # contention
+    python -m bench.timing --runs 1 --problems 4_LeNet5 --cpu-load 16 --pin-cores 2    # + pinned lane
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--policy", default="fp32-ieee", help="precision policy of the baselines")
     p.add_argument("--cpu-load", type=int, default=0, metavar="N",
                    help="also time the baselines while N busy-looping processes hold the CPUs")
+    p.add_argument("--pin-cores", type=int, default=0, metavar="K",
+                   help="with --cpu-load: once more with the baseline process on K cores of its own, "
+                        "the busy processes on the others (does pinning a GPU lane undo the contention?)")
     p.add_argument("--out", type=Path, help="also write the JSON report here")
     p.add_argument("--child", choices=("kernels", "baselines"), help=argparse.SUPPRESS)
     p.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
@@ -258,22 +263,37 @@ def child_baselines(problem: str, policy: str, problems_file: Path | None) -> di
 # Parent: fresh processes, aggregation.
 
 
-def _spawn(extra: list[str], timeout_s: float = 900.0) -> dict:
-    """Run one fresh child process; its stdout goes to our stderr, its result through a file."""
+def _spawn(extra: list[str], timeout_s: float = 900.0, cpus: set[int] | None = None) -> dict:
+    """Run one fresh child process (on `cpus` only, if given); its stdout goes to our stderr, its
+    result through a file."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "child.json"
         cmd = [sys.executable, "-m", "bench.timing", *extra, "--child-out", str(out)]
-        subprocess.run(cmd, check=True, timeout=timeout_s, stdout=sys.stderr)
+        subprocess.run(cmd, check=True, timeout=timeout_s, stdout=sys.stderr, preexec_fn=_pin(cpus))
         return json.loads(out.read_text())
 
 
+def _pin(cpus: set[int] | None):
+    """A preexec_fn that confines the child to `cpus` (None: no confinement)."""
+    return None if cpus is None else lambda: os.sched_setaffinity(0, cpus)
+
+
+def split_cores(pinned: int) -> tuple[set[int], set[int]]:
+    """(the last `pinned` CPUs this process may use, the rest): a lane's own cores and the load's."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not 0 < pinned < len(cpus):
+        raise SystemExit(f"--pin-cores {pinned}: need 1 to {len(cpus) - 1} of this machine's {len(cpus)} CPUs")
+    return set(cpus[-pinned:]), set(cpus[:-pinned])
+
+
 @contextlib.contextmanager
-def cpu_load(processes: int) -> Iterator[list[subprocess.Popen]]:
-    """`processes` busy-looping Python processes for the block, killed after it."""
+def cpu_load(processes: int, cpus: set[int] | None = None) -> Iterator[list[subprocess.Popen]]:
+    """`processes` busy-looping Python processes for the block (on `cpus` only, if given), killed
+    after it."""
     procs: list[subprocess.Popen] = []
     try:
         for _ in range(processes):
-            procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+            procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=_pin(cpus)))
         yield procs
     finally:
         for proc in procs:
@@ -282,21 +302,29 @@ def cpu_load(processes: int) -> Iterator[list[subprocess.Popen]]:
             proc.wait()
 
 
-def load_report(quiet: list[dict], loaded: list[dict], processes: int) -> dict:
+def load_report(quiet: list[dict], loaded: list[dict], processes: int, pinned: list[dict] | None = None,
+                pin_cores: int = 0) -> dict:
     """Baselines under CPU load against the same number of quiet runs: median of the runs'
-    medians each way, and loaded / quiet (> 1: slower under load)."""
+    medians each way, and loaded / quiet (> 1: slower under load); with `pinned` (the runs on
+    cores of their own, the load on the rest) also pinned / quiet."""
     out: dict = {"processes": processes}
+    if pinned is not None:
+        out["pin_cores"] = pin_cores
     for subject in ("eager", "compile"):
         q = stats.median([r[subject]["median_ms"] for r in quiet])
         l_ = stats.median([r[subject]["median_ms"] for r in loaded])
         out[subject] = {"quiet_ms": q, "loaded_ms": l_, "loaded_over_quiet": l_ / q,
                         "within_10pct": max(l_ / q, q / l_) <= 1 + BASELINE_TARGET}
+        if pinned is not None:
+            p_ = stats.median([r[subject]["median_ms"] for r in pinned])
+            out[subject] |= {"pinned_ms": p_, "pinned_over_quiet": p_ / q,
+                             "pinned_within_10pct": max(p_ / q, q / p_) <= 1 + BASELINE_TARGET}
     return out
 
 
-def _baseline_runs(extra: list[str], runs: int) -> list[dict] | str:
+def _baseline_runs(extra: list[str], runs: int, cpus: set[int] | None = None) -> list[dict] | str:
     try:
-        return [_spawn(extra) for _ in range(runs)]
+        return [_spawn(extra, cpus=cpus) for _ in range(runs)]
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
         return f"{type(exc).__name__}: {exc}"
 
@@ -359,8 +387,14 @@ def parent(args: argparse.Namespace) -> dict:
         if args.cpu_load > 0 and isinstance(runs, list):
             with cpu_load(args.cpu_load):
                 loaded = _baseline_runs(extra, args.baseline_runs)
+            pinned = None
+            if args.pin_cores > 0:
+                own, rest = split_cores(args.pin_cores)
+                with cpu_load(args.cpu_load, rest):
+                    pinned = _baseline_runs(extra, args.baseline_runs, own)
+            failed = next((r for r in (loaded, pinned) if isinstance(r, str)), None)
             report["under_cpu_load"] = (
-                load_report(runs, loaded, args.cpu_load) if isinstance(loaded, list) else {"error": loaded}
+                {"error": failed} if failed else load_report(runs, loaded, args.cpu_load, pinned, args.pin_cores)
             )
         print(json.dumps(report), file=sys.stderr, flush=True)
         baselines.append(report)

@@ -29,6 +29,7 @@ import anyio
 import httpx
 from anyio.abc import Process
 
+from agentcore.lifeline import lifeline_argv
 from agentcore.sglang.launcher import port_free, terminate_group
 from rl.config import TrainConfig
 from rl.learner import encode_samples
@@ -62,8 +63,9 @@ class LearnerGroup:
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(COMMAND_TIMEOUT_S, connect=10.0))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as logf:
-            self._process = await anyio.open_process(
-                self.command(), env=self.environment(), stdout=logf, stderr=logf, start_new_session=True
+            self._process = await anyio.open_process(  # ranks die with this process, even on kill -9
+                lifeline_argv(self.command()), env=self.environment(), stdout=logf, stderr=logf,
+                start_new_session=True,
             )
         try:
             await self._wait_ready()

@@ -47,6 +47,7 @@ import anyio
 import msgspec
 import torch
 
+from agentcore.lifeline import die_with_parent
 from agentcore.sglang import SGLangClient, SGLangClientConfig
 from rl.config import TrainConfig, load_config
 from rl.engine.embedded import EmbeddedEngine, resolve_dtype
@@ -278,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dir", required=True)
     p.add_argument("--port-base", type=int, required=True)
     a = p.parse_args(argv)
+    die_with_parent()  # under torchrun the parent is its agent, which dies with the trainer (lifeline)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s rank: %(message)s")
     run_dir = Path(a.run_dir)
     cfg = load_config(run_dir)

@@ -56,3 +56,57 @@ def test_problems_are_found_by_name_on_any_level(tmp_path):
 def test_cpu_load_flag_parses():
     assert timing._parse_args(["--cpu-load", "8"]).cpu_load == 8
     assert timing._parse_args([]).cpu_load == 0
+
+
+def _affinity(pid: int) -> set[int]:
+    import os
+
+    return os.sched_getaffinity(pid)
+
+
+def test_cpu_load_on_given_cores_stays_there():
+    import os
+
+    cpus = {min(os.sched_getaffinity(0))}
+    with timing.cpu_load(2, cpus) as procs:
+        assert [_affinity(p.pid) for p in procs] == [cpus, cpus]
+
+
+def test_split_cores_gives_the_last_k_to_the_lane_and_refuses_all_or_none():
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs 2 CPUs")
+    own, rest = timing.split_cores(1)
+    assert own == {cpus[-1]} and rest == set(cpus[:-1])
+    for k in (0, len(cpus)):
+        with pytest.raises(SystemExit, match="--pin-cores"):
+            timing.split_cores(k)
+
+
+def test_a_pinned_child_runs_on_its_cores_only():
+    import os
+    import subprocess
+    import sys
+
+    cpus = {min(os.sched_getaffinity(0))}
+    out = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                         capture_output=True, text=True, check=True, preexec_fn=timing._pin(cpus))
+    assert json.loads(out.stdout) == sorted(cpus)
+    assert timing._pin(None) is None
+
+
+def test_load_report_adds_pinned_over_quiet():
+    quiet, loaded, pinned = [_run(1.0, 2.0)] * 2, [_run(1.5, 2.0)] * 2, [_run(1.02, 2.5)] * 2
+    report = timing.load_report(quiet, loaded, 8, pinned, pin_cores=2)
+    assert report["pin_cores"] == 2
+    assert report["eager"]["pinned_over_quiet"] == pytest.approx(1.02) and report["eager"]["pinned_within_10pct"]
+    assert report["compile"]["pinned_over_quiet"] == pytest.approx(1.25)
+    assert not report["compile"]["pinned_within_10pct"]
+    assert "pinned_ms" not in timing.load_report(quiet, loaded, 8)["eager"]
+
+
+def test_pin_cores_flag_parses():
+    assert timing._parse_args(["--cpu-load", "8", "--pin-cores", "2"]).pin_cores == 2
+    assert timing._parse_args([]).pin_cores == 0

@@ -21,6 +21,22 @@ def _train(run_dir, *extra, **kw):
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, **kw)
 
 
+def _processes_of(run_dir) -> list[int]:
+    """Live processes whose command line names `run_dir` (the learner ranks of that run)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{entry}/stat") as f:
+                zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except (FileNotFoundError, NotADirectoryError, ProcessLookupError, PermissionError):
+            continue
+        if str(run_dir).encode() in cmdline and not zombie:
+            pids.append(int(entry))
+    return pids
+
+
 def test_killed_run_resumes_without_losing_or_repeating_steps(tmp_path):
     run_dir = tmp_path / "run"
     proc = _train(run_dir)
@@ -29,8 +45,12 @@ def test_killed_run_resumes_without_losing_or_repeating_steps(tmp_path):
         assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
         assert time.monotonic() < deadline, "no checkpoint within 600 s"
         time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the learner rank, mid-run
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver, mid-run
     proc.wait()
+    deadline = time.monotonic() + 15  # the learner rank, in a session of its own, dies with it
+    while ranks := _processes_of(run_dir):
+        assert time.monotonic() < deadline, f"processes of the killed run still alive: {ranks}"
+        time.sleep(0.1)
     refused = subprocess.run([sys.executable, "-m", "agentcore.cli", "train", *ARGS, "--run-dir", str(run_dir)],
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "--resume" in refused.stderr

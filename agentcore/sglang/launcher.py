@@ -28,6 +28,7 @@ import anyio
 from anyio.abc import Process
 from msgspec import Struct
 
+from agentcore.lifeline import lifeline_argv
 from agentcore.sglang.client import SGLangClient, SGLangClientConfig
 
 
@@ -223,7 +224,7 @@ class SGLangServer:
             log.write(f"\n=== launching: {shlex.join(self.command)}\n".encode())
             log.flush()
             return await anyio.open_process(
-                self.command,
+                lifeline_argv(self.command),  # a kill -9 of this process must not leave the server on its GPUs
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
