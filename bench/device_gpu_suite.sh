@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every `gpu`-marked test in one device call, four pytest processes side by side:
+# Every `gpu`-marked test in one device call, five pytest processes side by side (verify honest,
+# verify cheats, env, queue, learner; ~9 min on an H100 with the verify suite, ~7.5 without):
 #   run(command="bash bench/device_gpu_suite.sh", kind="nvidia-h100-x1", carry=[".device", ".bwrap", ".kb"])
 # GROUPS_RUN=noverify leaves out the verify suite (~6 min). Tests that need two GPUs (FSDP ranks, the 2-rank trainer) skip on one; run them on nvidia-h200-x2.
 set -u
