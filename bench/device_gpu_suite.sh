@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every `gpu`-marked test in one device call, five pytest processes side by side (verify honest,
-# verify cheats, env, queue, learner; ~9 min on an H100 with the verify suite, ~7.5 without):
+# verify cheats, env, queue, learner). All five do not fit in one 600 s call (session 9: the env group was
+# still running at 540 s); GROUPS_RUN=noverify took 441 s on an H100, the verify suite alone ~6 min:
 #   run(command="bash bench/device_gpu_suite.sh", kind="nvidia-h100-x1", carry=[".device", ".bwrap", ".kb"])
-# GROUPS_RUN=noverify leaves out the verify suite (~6 min). Tests that need two GPUs (FSDP ranks, the 2-rank trainer) skip on one; run them on nvidia-h200-x2.
+# GROUPS_RUN=noverify leaves out the verify suite. Tests that need two GPUs (FSDP ranks, the 2-rank trainer) skip on one; run them on nvidia-h200-x2.
 set -u
 OUT=${OUT:-$PWD/device-out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps .device/*.whl 2>&1 | tail -1
