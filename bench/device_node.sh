@@ -5,7 +5,18 @@
 # Args: recipe, watcher GPU. First the 2-rank GPU test (the per-thread CUDA device), then
 # `python -m bench.node`: a short rft -> value -> ppo run with the checkpoint watcher beside it.
 # NODE_SETS="--set k=v ..." is appended to bench.node's overrides (later ones win); RANKS_TEST=0 skips the test.
+# PRESET=demo_ppo puts these first (NODE_SETS still wins): rft on the two demonstrations until the
+# policy replays them, then 3 PPO steps whose rollouts write kernels (node_2gpu, session 9: 2 of 4
+# samples correct in PPO steps 1 and 3), with TASKS=.dev/tasks5.jsonl (5 synthesized tasks).
 set -u
+if [ "${PRESET:-}" = demo_ppo ]; then
+  TASKS=${TASKS:-$PWD/.dev/tasks5.jsonl}
+  NODE_SETS="--set data.with_demo_tasks=true --set data.rft_policy_rollouts=false --set data.demos=2 \
+--set data.demo_names=[\"l1_1_matmul_cublas\",\"l1_47_sum_dim\"] --set steps.rft=150 --set optim.sft_lr=3e-4 \
+--set steps.value=0 --set steps.ppo=3 --set data.tasks_per_step=2 --set data.samples_per_task=2 \
+--set rollout.max_new_tokens=3072 --set rollout.max_turns=6 --set rollout.max_context_tokens=12288 \
+--set checkpoint.every_steps=1000 ${NODE_SETS:-}"
+fi
 RECIPE=${1:-node_2gpu}; WATCH=${2:-1}; LIMIT=${LIMIT_S:-420}; TASKS=${TASKS:-$PWD/.dev/tasks.jsonl}
 OUT=${OUT:-$PWD/device-out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps .device/*.whl 2>&1 | tail -1
