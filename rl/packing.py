@@ -23,11 +23,14 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping, Sequence
 
 import torch
 
 from rl.samples import Sample
+
+log = logging.getLogger("cuda-agent.packing")
 
 SEARCH_MAX_ITEMS = 256
 """Above this many documents `pack` keeps first-fit decreasing (the search recurses per document)."""
@@ -39,10 +42,18 @@ def pack(lengths: Sequence[int], token_budget: int, *, search_nodes: int = 20_00
     """Indices into bins of total length <= token_budget: first-fit decreasing, then, when that
     takes more bins than the lower bound ceil(total / budget), a bounded depth-first search for
     a packing into fewer (each bin is a micro-batch: fewer, fuller rows cost less per token).
-    Deterministic; the search gives up after `search_nodes` placements and keeps what it has."""
-    for i, n in enumerate(lengths):
-        if n > token_budget:
-            raise ValueError(f"sample {i} has {n} tokens, more than the micro-batch budget of {token_budget}")
+    Deterministic; the search gives up after `search_nodes` placements and keeps what it has.
+
+    A document longer than the budget (a trajectory can grow to `rollout.max_context_tokens`)
+    gets a bin of its own, first: the budget is what packing aims at, not a reason to drop data.
+    Peak memory then follows the longest trajectory."""
+    if token_budget < 1:
+        raise ValueError(f"token budget must be >= 1, got {token_budget}")
+    over = [i for i, n in enumerate(lengths) if n > token_budget]
+    if over:
+        rest = [i for i, n in enumerate(lengths) if n <= token_budget]
+        packed = pack([lengths[i] for i in rest], token_budget, search_nodes=search_nodes)
+        return [[i] for i in over] + [[rest[j] for j in b] for b in packed]
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     bins: list[list[int]] = []
     room: list[int] = []
@@ -186,8 +197,14 @@ def micro_batches(
     token_budget: int,
     fields: Mapping[str, Sequence[torch.Tensor]] | None = None,
 ) -> list[MicroBatch]:
-    """All samples packed into micro-batches of at most `token_budget` tokens."""
-    bins = pack([len(s.token_ids) for s in samples], token_budget)
+    """All samples packed into micro-batches of at most `token_budget` tokens (a longer sample:
+    a micro-batch of its own, logged)."""
+    lengths = [len(s.token_ids) for s in samples]
+    over = [n for n in lengths if n > token_budget]
+    if over:
+        log.warning("%d sample(s) longer than the micro-batch budget of %d tokens (longest %d) train in "
+                    "micro-batches of their own", len(over), token_budget, max(over))
+    bins = pack(lengths, token_budget)
     return [collate(samples, b, fields) for b in bins]
 
 

@@ -108,8 +108,10 @@ def node_8gpu() -> TrainConfig:
         run_dir="runs/node_8gpu",
         stage="ppo",
         # 1.5B at 32k tokens per micro-batch, one H200: AC on every block 31.0% MFU, every other
-        # block 33.6% (bench.learner, compiled blocks); sharded over 6 GPUs the states leave room.
-        model=ModelConfig(hf_config=qwen2_config("1.5b"), gradient_checkpointing=True, checkpoint_every=2,
+        # block 33.6% (bench.learner, compiled blocks). AC on every block all the same: a
+        # trajectory may reach max_context_tokens (128k) and then trains in a micro-batch of its
+        # own, where a block's saved activations are ~11 GB (14 unsaved blocks would not fit).
+        model=ModelConfig(hf_config=qwen2_config("1.5b"), gradient_checkpointing=True, checkpoint_every=1,
                           compile_blocks=True),
         ppo=PPOConfig(token_budget=32768),
         optim=OptimConfig(),

@@ -131,9 +131,20 @@ def test_pack_never_takes_more_bins_than_first_fit_decreasing(seed):
     assert len(pack(lengths, 64)) <= len(pack(lengths, 64, search_nodes=0))
 
 
-def test_pack_sample_over_budget_raises_naming_it():
-    with pytest.raises(ValueError, match="sample 1 has 70 tokens"):
-        pack([10, 70, 5], 64)
+def test_pack_sample_over_budget_gets_a_bin_of_its_own():
+    # A trajectory may grow past the micro-batch budget (max_context_tokens > token_budget in
+    # node_8gpu); it trains alone instead of failing the update, and nothing is dropped.
+    bins = pack([10, 70, 5, 90, 60], 64)
+    assert [1] in bins and [3] in bins
+    assert sorted(i for b in bins for i in b) == [0, 1, 2, 3, 4]
+    for b in bins:
+        assert len(b) == 1 or sum([10, 70, 5, 90, 60][i] for i in b) <= 64
+    assert len(bins) == 4  # {70}, {90}, then 60 + 5 > 64: {60}, {10, 5}
+
+
+def test_pack_rejects_a_budget_below_one():
+    with pytest.raises(ValueError, match="token budget"):
+        pack([1], 0)
 
 
 # --- collate ---------------------------------------------------------------------------------
@@ -175,6 +186,17 @@ def test_micro_batches_respect_budget_and_mask_count():
     assert all(mb.num_tokens <= 50 for mb in mbs)
     assert sorted(i for mb in mbs for i in mb.sample_index) == list(range(20))
     assert sum(mb.num_action_tokens for mb in mbs) == sum(sum(s.action_mask[1:]) for s in samples)
+
+
+def test_micro_batches_give_a_long_sample_its_own_row_and_say_so(caplog):
+    samples = random_samples(6, seed=4, max_len=20)
+    samples.append(make_sample(6, list(range(1, 81)), [0] * 10 + [1] * 70))  # 80 tokens, budget 50
+    with caplog.at_level("WARNING", logger="cuda-agent.packing"):
+        mbs = micro_batches(samples, 50)
+    assert [mb.sample_index for mb in mbs if mb.num_tokens > 50] == [[6]]
+    assert sorted(i for mb in mbs for i in mb.sample_index) == list(range(7))
+    assert sum(mb.num_action_tokens for mb in mbs) == sum(sum(s.action_mask[1:]) for s in samples)
+    assert "1 sample(s) longer than the micro-batch budget of 50 tokens (longest 80)" in caplog.text
 
 
 def test_dummy_micro_batch_is_fully_masked_with_fields():

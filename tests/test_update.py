@@ -148,6 +148,16 @@ def test_small_token_budget_gives_the_gradients_of_one_micro_batch(models):
     assert m["policy_loss"] == pytest.approx(m2["policy_loss"], abs=1e-6)
 
 
+def test_samples_longer_than_the_budget_train_alone_with_the_same_gradients(models):
+    samples = batch(8)
+    budget = max(len(s.token_ids) for s in samples) - 1  # the longest sample does not fit
+    ga, gc, m = grads(models, samples, msgspec.structs.replace(EXACT, token_budget=budget))
+    ga2, gc2, m2 = grads(models, samples, msgspec.structs.replace(EXACT, token_budget=4096))
+    assert_same(ga, ga2)
+    assert_same(gc, gc2)
+    assert m["policy_loss"] == pytest.approx(m2["policy_loss"], abs=1e-6)
+
+
 def test_reward_goes_to_the_last_action_token_and_gae_skips_tool_tokens():
     s = Sample(sample_id="a", group_id="g", token_ids=[1, 2, 3, 4, 5, 6], action_mask=[0, 1, 1, 0, 1, 0],
                behaviour_logprobs=[0.0] * 6, reward=1.0, weight_version=0)  # fmt: skip
