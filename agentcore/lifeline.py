@@ -15,7 +15,7 @@ What it is not: a process supervisor. It reaches only the processes it wraps (th
 need their own lifeline), the signal follows the parent *thread* that forked the child (spawn from
 the event loop's thread, never from a worker thread that may exit), and off Linux it does nothing.
 
-    argv = lifeline_argv([sys.executable, "-m", "rl.rank", "--run-dir", run_dir])
+    argv = lifeline_argv([sys.executable, "-m", "rl.learner.rank", "--run-dir", run_dir])
     process = await anyio.open_process(argv, start_new_session=True)
 """
 

@@ -4,7 +4,7 @@ What it is: `run(main, *args)` runs an async entry point on asyncio with uvloop 
 the objects created at start-up (imports, tokenizer, configs) out of the collector's view and
 raising the young-generation threshold. A run holds hundreds of trajectories whose token lists
 survive many collections; with the defaults, full collections walk all of them and stall the
-event loop for tens of milliseconds (measured by `python -m bench.orchestrator`).
+event loop for tens of milliseconds (measured by `python -m bench.system.orchestrator`).
 What it is not: a place for configuration; commands own their configs.
 """
 

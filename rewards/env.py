@@ -1,8 +1,8 @@
 """The real KernelEnv: what the agent's `compile`, `verify` and `profile` tools call.
 
 What it is: `RewardsKernelEnv` implements `agentcore.kernel_env.KernelEnv` with the static checks
-(`rewards.static_checks`), the compile pool (`rewards.compile_pool`) and the GPU queue's `verify`
-and `profile` handlers (`rewards.verify`, `rewards.profile`). `open_kernel_env(config)` opens the
+(`rewards.static.checks`), the compile pool (`rewards.build.compile_pool`) and the GPU queue's `verify`
+and `profile` handlers (`rewards.verify.verifier`, `rewards.timing.profile`). `open_kernel_env(config)` opens the
 pool and the queue and yields the env; `agentcore.rollout_cmd` enters it as REAL_ENV.
 
 What it is not: the final evaluation (`rewards.evaluate` snapshots the workspace and scores it);
@@ -34,15 +34,15 @@ import msgspec
 from msgspec import Struct
 
 from agentcore.types import CompileResult, ProfileResult, Task, VerifyResult
-from rewards.baselines import Baselines, task_sha256
-from rewards.build_checks import FIXED_FILES, TEMPLATE_DIR
-from rewards.compile_pool import Build, CompileConfig, CompilePool
-from rewards.gpu_queue import GpuQueue, GpuQueueConfig, count_gpus
-from rewards.profile import HANDLER as PROFILE_HANDLER
-from rewards.profile import Profile, ProfileConfig, profile_workspace, to_profile_result
-from rewards.static_checks import check_workspace, file_digest
+from rewards.timing.baselines import Baselines, task_sha256
+from rewards.build.plan import FIXED_FILES, TEMPLATE_DIR
+from rewards.build.compile_pool import Build, CompileConfig, CompilePool
+from rewards.queue.gpu_queue import GpuQueue, GpuQueueConfig, count_gpus
+from rewards.timing.profile import HANDLER as PROFILE_HANDLER
+from rewards.timing.profile import Profile, ProfileConfig, profile_workspace, to_profile_result
+from rewards.static.checks import check_workspace, file_digest
 from rewards.verdict import Verdict, VerdictStatus, hack_verdict
-from rewards.verify import VerifyConfig, to_verify_result, verify_workspace
+from rewards.verify.verifier import VerifyConfig, to_verify_result, verify_workspace
 
 SKILL_PATH = TEMPLATE_DIR.parent / "SKILL.md"
 
@@ -89,7 +89,7 @@ class Prepared(Struct, frozen=True, kw_only=True):
     build: Build | None = None
     verdict: Verdict | None = None
     inline: bool = False
-    """A single-file load_inline solution (rewards.inline): verified on the default stream."""
+    """A single-file load_inline solution (rewards.inline.prepare): verified on the default stream."""
 
 
 class RewardsKernelEnv:

@@ -5,7 +5,7 @@
 WORKSPACE_DIR is a workspace in our layout (model_new.py, kernels/<name>.cu,
 kernels/<name>_binding.cpp); only those files are read, as in training (`rewards.evaluate`).
 MODEL_NEW.py is a single-file KernelBench solution that calls `load_inline`: its sources are
-read statically and built by the compile pool (`rewards.inline`), never by the candidate.
+read statically and built by the compile pool (`rewards.inline.prepare`), never by the candidate.
 It runs the static checks, the build, final-mode verification and profiling, and prints the
 verdict, the hack category, the three times and the reward; `--json` prints the flat
 reward_info dict instead.
@@ -32,10 +32,10 @@ from agentcore import runtime
 from agentcore.types import Task
 from rewards.env import EnvConfig, NoGpuError, open_kernel_env
 from rewards.evaluate import FinalEvaluator, snapshot_solution
-from rewards.profile import ProfileInfrastructureError
-from rewards.toolchain import ToolchainError
+from rewards.timing.profile import ProfileInfrastructureError
+from rewards.build.toolchain import ToolchainError
 from rewards.verdict import Score, VerdictStatus, reward_info
-from rewards.verify import VerifyInfrastructureError
+from rewards.verify.verifier import VerifyInfrastructureError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_GPU, EXIT_BROKEN = 0, 1, 2, 3, 4
 TASK_NAMES = ("Model", "get_inputs", "get_init_inputs")

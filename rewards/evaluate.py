@@ -13,7 +13,7 @@ workspace never reaches the evaluation. Local headers (kernels/*.cuh) are not co
 solution that includes one fails to build here.
 
 A single-file KernelBench solution (model_new.py calling `load_inline`, no kernels/ files) is
-detected here and converted by `rewards.inline`: its sources are read from the AST and built by
+detected here and converted by `rewards.inline.prepare`: its sources are read from the AST and built by
 the compile pool, and the candidate child only imports the prebuilt module.
 
 Every failure of the candidate (a hack, no build, a wrong answer, a crash while timed) is a
@@ -40,8 +40,8 @@ from msgspec import Struct
 
 from agentcore.types import Task, Trajectory
 from rewards.env import Prepared, RewardsKernelEnv, pristine_files
-from rewards.inline import is_inline_solution, prepare_inline
-from rewards.profile import Profile
+from rewards.inline.prepare import is_inline_solution, prepare_inline
+from rewards.timing.profile import Profile
 from rewards.reward import RewardConfig, score
 from rewards.verdict import Score, Verdict, VerdictStatus, reward_info
 
@@ -121,7 +121,7 @@ class FinalEvaluator:
 
     async def prepare(self, snapshot: Path, task: Task) -> Prepared:
         """Static checks and build of a snapshot: our layout, or a single-file load_inline
-        solution (model_new.py calling load_inline, no kernels/ files; `rewards.inline`)."""
+        solution (model_new.py calling load_inline, no kernels/ files; `rewards.inline.prepare`)."""
         if await anyio.to_thread.run_sync(is_inline_solution, snapshot):
             return await prepare_inline(self.env, snapshot, task)
         return await self.env.prepare(snapshot, task)

@@ -94,7 +94,7 @@ class Verdict(Struct, frozen=True, kw_only=True):
     findings: tuple[Finding, ...] = ()
     details: dict[str, JsonScalar] = {}
     phases_ms: dict[str, float] = {}
-    """Where the verify job's time went (rewards.verify_phases); empty for static verdicts."""
+    """Where the verify job's time went (rewards.verify.phases); empty for static verdicts."""
 
     def __post_init__(self) -> None:
         if (self.status is VerdictStatus.HACK) != (self.hack is not None):

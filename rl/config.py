@@ -3,8 +3,8 @@
 What it is: `TrainConfig` and its sections, dotted overrides from the command line
 (`ppo.clip_high=0.3`, `layout.learner_gpus=[0,1]`), and saving the resolved config with the run.
 What it is not: the named runs themselves (`rl/recipes.py` returns whole configs) or the
-component configs that live next to their owners (`ModelConfig` in `rl/models.py`, `PPOConfig`
-in `rl/update.py`, `EmbeddedEngineConfig` in `rl/engine/embedded.py`, ...).
+component configs that live next to their owners (`ModelConfig` in `rl/learner/models.py`, `PPOConfig`
+in `rl/learner/update.py`, `EmbeddedEngineConfig` in `rl/engine/embedded.py`, ...).
 
 Example:
     cfg = apply_overrides(recipes.smoke(), ["steps.ppo=4", "ppo.clip_high=0.3"])
@@ -25,8 +25,8 @@ from agentcore.rollout import RolloutConfig
 from agentcore.sandbox import SandboxConfig
 from rewards.env import EnvConfig
 from rl.engine.embedded import EmbeddedEngineConfig
-from rl.models import ModelConfig
-from rl.update import PPOConfig
+from rl.learner.models import ModelConfig
+from rl.learner.update import PPOConfig
 from rl.weight_sync import WeightSyncConfig
 
 Stage = Literal["single_turn", "rft", "value", "ppo", "smoke"]
@@ -53,7 +53,7 @@ class OptimConfig(Struct, frozen=True, kw_only=True):
     """Linear learning-rate warm-up, in optimizer steps."""
     fused: bool = True
     """AdamW(fused=True) on CUDA: one kernel per step instead of foreach launches (1.5B, 16k tokens,
-    no AC, H200: 37.8 -> 38.9% MFU in `python -m bench.learner --fused-adam`, session 9). CPU: foreach."""
+    no AC, H200: 37.8 -> 38.9% MFU in `python -m bench.system.learner --fused-adam`, session 9). CPU: foreach."""
 
 
 class LayoutConfig(Struct, frozen=True, kw_only=True):
@@ -142,7 +142,7 @@ class CheckpointConfig(Struct, frozen=True, kw_only=True):
     """Write checkpoints behind training: a save stages the state in host memory (about this
     rank's checkpoint shard) and returns; write, fsync, commit and HF export run in a thread.
     On in the GPU recipes: a 0.5B actor + critic + AdamW checkpoint on an H100 host blocked
-    training 20.0 s, in the background 5.0 s (bench.checkpoint)."""
+    training 20.0 s, in the background 5.0 s (bench.system.checkpoint)."""
 
 
 class TrainConfig(Struct, frozen=True, kw_only=True):

@@ -3,10 +3,10 @@ stops them.
 
 What it is: `LearnerGroup`, an async context manager owned by `cuda-agent train`. It launches
 the ranks as one process group (`torchrun` over the learner GPUs, or a single `python -m
-rl.rank` for one rank), waits until every rank's HTTP server answers, and then exposes the
+rl.learner.rank` for one rank), waits until every rank's HTTP server answers, and then exposes the
 learner commands (`step`, `sync_weights`, `save`, `load`, `release`, `resume`) and the ranks'
 engine URLs (each rank serves SGLang's native API for its embedded engine).
-What it is not: the training loop (`rl/train.py`) or the rank itself (`rl/rank.py`).
+What it is not: the training loop (`rl/train.py`) or the rank itself (`rl/learner/rank.py`).
 
 A command goes to all ranks at once and returns rank 0's answer; a rank that errs, or a
 process group that dies, raises `LearnerError` with the rank's message and the log tail.
@@ -32,7 +32,7 @@ from anyio.abc import Process
 from agentcore.lifeline import lifeline_argv
 from agentcore.sglang.launcher import port_free, terminate_group
 from rl.config import TrainConfig
-from rl.learner import encode_samples
+from rl.learner.actor_critic import encode_samples
 from rl.samples import Sample
 
 log = logging.getLogger("cuda-agent.learner")
@@ -88,7 +88,7 @@ class LearnerGroup:
             self._process = self._http = None
 
     def command(self) -> list[str]:
-        args = ["-m", "rl.rank", "--run-dir", str(self.run_dir), "--port-base", str(self.port_base)]
+        args = ["-m", "rl.learner.rank", "--run-dir", str(self.run_dir), "--port-base", str(self.port_base)]
         if self.world_size == 1:
             return [sys.executable, *args]
         master = _free_port_run(1, start=29500)

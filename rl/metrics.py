@@ -4,7 +4,7 @@ What it is: `step_metrics` turns a step's trajectories into flat scalars for the
 group (reward statistics, milestone rates, truncation, turns, parse errors, hacks, staleness);
 `MetricsWriter` appends every step's scalars to `RUN/metrics.jsonl` (one JSON object a line,
 fsync'd) and to TensorBoard under `RUN/tb`; `read_metrics` reads the lines back; `ProgressBar`
-draws one line per step on stderr. What it is not: the learner's own numbers (`rl/update.py`
+draws one line per step on stderr. What it is not: the learner's own numbers (`rl/learner/update.py`
 returns those; the trainer adds them under `train/`), nor plotting (`rl/plot.py` reads these).
 
 Key names are `group/name`. Groups the plots know (`rl/plot.py`): `rollout/` (step_metrics),

@@ -33,8 +33,8 @@ from rl.config import (
     TrainConfig,
 )
 from rl.engine.embedded import EmbeddedEngineConfig
-from rl.models import ModelConfig, qwen2_config, tiny_qwen2_config
-from rl.update import PPOConfig
+from rl.learner.models import ModelConfig, qwen2_config, tiny_qwen2_config
+from rl.learner.update import PPOConfig
 
 TINY_VOCAB = 1792  # the built-in tiny tokenizer (1757 tokens) rounded up to a multiple of 64
 
@@ -108,7 +108,7 @@ def node_8gpu() -> TrainConfig:
         run_dir="runs/node_8gpu",
         stage="ppo",
         # 1.5B at 32k tokens per micro-batch, one H200: AC on every block 31.0% MFU, every other
-        # block 33.6% (bench.learner, compiled blocks). AC on every block all the same: a
+        # block 33.6% (bench.system.learner, compiled blocks). AC on every block all the same: a
         # trajectory may reach max_context_tokens (128k) and then trains in a micro-batch of its
         # own, where a block's saved activations are ~11 GB (14 unsaved blocks would not fit).
         model=ModelConfig(hf_config=qwen2_config("1.5b"), gradient_checkpointing=True, checkpoint_every=1,

@@ -73,7 +73,7 @@ class Run:
 
     async def sync_weights(self) -> dict[str, float]:
         """Learner -> engines: in-process for the embedded engines; with `sglang_tensor` each
-        rank sends its colocated server the tensors itself (`rl/rank.py`); otherwise SGLang
+        rank sends its colocated server the tensors itself (`rl/learner/rank.py`); otherwise SGLang
         servers load the exported HF directory (`update_weights_from_disk`). A failed sync
         raises before the step's metrics and checkpoint are written: `--resume` redoes the step
         from its stored trajectories and publishes the checkpoint's weights first."""

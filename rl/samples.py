@@ -2,7 +2,7 @@
 
 What it is: `Sample`, the unit the learner consumes (it crosses the driver -> rank boundary),
 and `sample_from_trajectory`, which builds one from an `agentcore` trajectory.
-What it is not: packing into micro-batches (`rl/packing.py`) or the PPO math (`rl/ppo.py`).
+What it is not: packing into micro-batches (`rl/learner/packing.py`) or the PPO math (`rl/learner/ppo.py`).
 
 Alignment, everywhere in `rl`: index i refers to token i of `token_ids`. The log-prob of token i
 comes from the model output at position i-1, and the value used for action token i is the

@@ -3,7 +3,7 @@
 What it is: rejection fine-tuning's filter (the paper: keep reward > 0, drop looping and
 tool-schema-violating trajectories) as a function that returns the reason a trajectory is
 dropped, so the run can log how many fell to each reason.
-What it is not: the reward (`rewards`) or the SFT loss (`rl/update.py`).
+What it is not: the reward (`rewards`) or the SFT loss (`rl/learner/update.py`).
 
 Example:
     kept, dropped = select_for_rft(trajectories)   # dropped: {"reward<=0": 3, "looping": 1}

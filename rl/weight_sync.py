@@ -26,7 +26,7 @@ non-colocated debugging only). Only torch and builtins globals appear in the pic
 SGLang's restricted unpickler (CVE-2025-10164) accepts.
 
 In `cuda-agent train` (`weight_sync.mode=sglang_tensor`) learner rank r calls `sync_tensor` on
-`engine.urls[r]`, the server on its GPU, with the actor gathered in `dtype` (`rl/rank.py`); the
+`engine.urls[r]`, the server on its GPU, with the actor gathered in `dtype` (`rl/learner/rank.py`); the
 driver (`rl/run.py`) calls `sync_disk` after the ranks exported the actor (`sglang_disk`).
 Colocated step with memory release (per learner rank and its server):
     await release(client, cfg)                          # pause, wait idle, free weights + KV

@@ -10,7 +10,7 @@ import pytest
 
 from bench.kernelbench.problems import default_problems_path
 from bench.kernelbench.run import BenchConfig, run_benchmark
-from bench.records import read_records
+from bench.system.records import read_records
 
 REPO = Path(__file__).resolve().parents[1]
 DEMOS = {(1, 1), (1, 47), (1, 51)}  # cuBLAS matmul, sum, argmax: the demos that verify in seconds

@@ -1,4 +1,4 @@
-"""`python -m bench.gpu_queue --real-jobs` (bench.gpu_queue_real): argument handling, the
+"""`python -m bench.system.gpu_queue --real-jobs` (bench.system.gpu_queue_real): argument handling, the
 no-GPU stop, the report's arithmetic, and the whole run on a CPU machine with only the GPU faked
 (a GPU count of 2 and CPU handlers for the `verify` and `profile` kinds, in a module the workers
 import from PYTHONPATH); the compile pool (nvcc, g++) and the queue's workers are real. The relu
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu_queue import _parse_args
-from bench.gpu_queue import main as bench_main
-from bench.gpu_queue_real import (
+from bench.system.gpu_queue import _parse_args
+from bench.system.gpu_queue import main as bench_main
+from bench.system.gpu_queue_real import (
     DEFAULT_DEMOS,
     JobRecord,
     latency_ms,
@@ -39,10 +39,10 @@ needs_compiler = pytest.mark.skipif(
 # module and the sources under candidate/) and answer the handlers' value types.
 FAKE_HANDLERS = '''
 import os, time
-from rewards.jobs import decode, encode
-from rewards.profile import Profile, ProfileRequest
+from rewards.queue.jobs import decode, encode
+from rewards.timing.profile import Profile, ProfileRequest
 from rewards.verdict import Timing, Verdict, VerdictStatus
-from rewards.verify import VerifyRequest
+from rewards.verify.verifier import VerifyRequest
 
 def _missing(ctx, request):
     root = os.path.join(ctx.scratch_dir, "candidate")

@@ -8,7 +8,7 @@ import pytest
 
 from bench.kernelbench.metrics import level_metrics, scalars, summarize
 from bench.kernelbench.paper import PAPER_ROWS
-from bench.records import ProblemRecord, append_record, read_records
+from bench.system.records import ProblemRecord, append_record, read_records
 
 
 def rec(level: int, pid: int, outcome: str = "scored", *, correct: bool = True, se: float | None = None,

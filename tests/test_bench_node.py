@@ -1,4 +1,4 @@
-"""bench.node: the issue-7 run driver. nvidia-smi lines parse, the report splits each step's time
+"""bench.system.node: the issue-7 run driver. nvidia-smi lines parse, the report splits each step's time
 and groups the GPUs by the layout, and a real CPU training run (smoke_cpu recipe) goes through
 the driver end to end with a report whose steps are the run's steps."""
 
@@ -9,8 +9,8 @@ import sys
 
 import orjson
 
-from bench import node
-from bench.node_report import (
+from bench.system import node
+from bench.system.node_report import (
     GpuSample,
     gpu_groups,
     parse_smi_line,
@@ -58,7 +58,7 @@ def test_a_cpu_training_run_through_the_driver(tmp_path, capsys, monkeypatch):
     argv = ["--recipe", "smoke_cpu", "--run-dir", str(run_dir), "--time-limit-s", "600",
             "--set", "steps.rft=1", "--set", "steps.value=1", "--set", "steps.ppo=1",
             "--set", "checkpoint.export_hf=false"]
-    monkeypatch.setattr(sys, "argv", ["bench.node"])
+    monkeypatch.setattr(sys, "argv", ["bench.system.node"])
     assert node.main(argv) == 0, (run_dir / "node_train.log").read_text()[-3000:]
     report = orjson.loads((run_dir / "node_report.json").read_bytes())
     assert [s["stage"] for s in report["steps"]] == ["rft", "value", "ppo"]
@@ -66,7 +66,7 @@ def test_a_cpu_training_run_through_the_driver(tmp_path, capsys, monkeypatch):
     assert all(s["train_s"] > 0 and s["tokens_per_s_per_gpu"] > 0 for s in report["steps"])
     assert report["steps"][-1]["rollout_s"] is not None  # the PPO step rolled out
     assert report["checkpoints"]  # stage ends save
-    assert "bench.node: 3 steps (1 PPO)" in capsys.readouterr().out
+    assert "bench.system.node: 3 steps (1 PPO)" in capsys.readouterr().out
 
 
 def test_the_time_limit_stops_the_run_and_still_reports(tmp_path):

@@ -25,8 +25,8 @@ from bench.kernelbench.recheck import (
     summarize_recheck,
 )
 from bench.kernelbench.report import write_report
-from bench.records import ProblemRecord, append_record, read_records
-from rewards.gpu_queue import GpuQueueConfig
+from bench.system.records import ProblemRecord, append_record, read_records
+from rewards.queue.gpu_queue import GpuQueueConfig
 
 BODY = ("import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
         "def get_inputs():\n    return [torch.rand(4)]\ndef get_init_inputs():\n    return []\n")
@@ -198,7 +198,7 @@ async def test_the_default_queue_forks_a_fresh_process_per_job_with_rewards_base
     monkeypatch.setattr(rewards.env, "detect_gpus", two_gpus)
     q = await default_queue_config(BenchConfig(out_dir=str(tmp_path / "out")))
     assert q.fork_per_job and q.gpus == (0, 1)
-    assert q.handlers["baseline"] == "rewards.baselines:baseline" and "profile" in q.handlers
+    assert q.handlers["baseline"] == "rewards.timing.baselines:baseline" and "profile" in q.handlers
     # the compile caches persist under OUT and are writable inside the sandbox; torch is preloaded
     cache = tmp_path / "out" / CACHE_DIR
     assert q.writable_paths == (str(cache),) and q.preload[0] == "torch"

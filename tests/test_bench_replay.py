@@ -14,13 +14,13 @@ from agentcore.store import read_trajectories
 from agentcore.types import Compile, Finish, Profile, ReadFile, Status, Verify, WriteFile
 from bench.kernelbench.replay import Solution, find_solutions, group_of, replay_turns
 from bench.kernelbench.run import BenchConfig, run_benchmark
-from bench.records import read_records
-from rewards.compile_pool import CompileConfig, CompilePool
+from bench.system.records import read_records
+from rewards.build.compile_pool import CompileConfig, CompilePool
 from rewards.env import RewardsKernelEnv, _before_run
 from rewards.evaluate import FinalEvaluator
-from rewards.profile import Profile as Timed
+from rewards.timing.profile import Profile as Timed
 from rewards.verdict import Timing, Verdict, VerdictStatus
-from rewards.verify import to_verify_result
+from rewards.verify.verifier import to_verify_result
 
 REPO = Path(__file__).resolve().parents[1]
 RELU = REPO / "tests" / "fixtures" / "build" / "relu"  # honest, and it builds against a CPU torch

@@ -23,7 +23,7 @@ from bench.kernelbench import cli
 from bench.kernelbench.candidates import BestCandidateScorer, Candidate, CandidateTools, EnvEvaluator, pick_best
 from bench.kernelbench.problems import Problem
 from bench.kernelbench.run import BenchConfig, SeededEngine, run_benchmark, seed_of
-from bench.records import read_records
+from bench.system.records import read_records
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n" \

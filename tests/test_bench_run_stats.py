@@ -15,8 +15,8 @@ from bench.kernelbench.candidates import EnvEvaluator
 from bench.kernelbench.report import write_report
 from bench.kernelbench.run import run_benchmark
 from bench.kernelbench.run_stats import RUN_STATS_FILE, read_run_stats, summarize_run_stats
-from rewards.gpu_queue import GpuQueue, GpuQueueConfig
-from rewards.jobs import Job, JobStatus, SleepArgs, encode
+from rewards.queue.gpu_queue import GpuQueue, GpuQueueConfig
+from rewards.queue.jobs import Job, JobStatus, SleepArgs, encode
 from tests.test_bench_run import CountingEvaluator, fake_config
 
 JOB_S = 0.05

@@ -1,4 +1,4 @@
-"""bench.system: the report from saved JSON, a missing GPU as a skipped row, a failing module as a
+"""bench.system.suite: the report from saved JSON, a missing GPU as a skipped row, a failing module as a
 failed row, and one real (tiny) orchestrator run through the subprocess path."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from bench import system as s
-from bench import system_run
+from bench.system import suite as s
+from bench.system import run as system_run
 
 H200 = s.Machine(gpus=("NVIDIA H200 (143771 MiB)",), driver="580.95.05", cpu_model="Intel Xeon", cpus=16,
                  cpus_usable=16, mem_gib=125.0, torch="2.11.0+cu130", torch_cuda="13.0", nvcc="13.0",
@@ -29,8 +29,8 @@ def saved(tmp_path):
     (tmp_path / "learner.json").write_text(json.dumps(LEARNER))
     (tmp_path / "weight_sync.json").write_text(json.dumps(WEIGHT_SYNC))
     s.save(tmp_path, H200, [
-        s.Outcome(bench="timing", status="skipped", reason="no CUDA", argv=("-m", "bench.timing")),
-        s.Outcome(bench="compile", status="failed", reason="exit code 1", argv=("-m", "bench.compile"),
+        s.Outcome(bench="timing", status="skipped", reason="no CUDA", argv=("-m", "bench.system.timing")),
+        s.Outcome(bench="compile", status="failed", reason="exit code 1", argv=("-m", "bench.system.compile"),
                   wall_s=3.0, output_tail="RuntimeError: nvcc not found"),
     ])
     return tmp_path
@@ -44,7 +44,7 @@ def test_report_from_saved_json_has_machine_figures_and_failure_rows(saved, caps
     assert "| wall / ideal | 1.013 | <= 1.05 |" in text
     assert "| 0.5b, 16384 tokens x 2 mb, 1 GPU | 1.23 s/step, 26550 tok/s/GPU, MFU 41.0%, peak 33.3 GiB |" in text
     assert "| 1.5b (1540M params, 3.09 GB) | 205.1 ms, 15.1 GB/s |" in text
-    assert "| timing | skipped: no CUDA | - | `python -m bench.timing` |" in text
+    assert "| timing | skipped: no CUDA | - | `python -m bench.system.timing` |" in text
     assert "| compile | failed: exit code 1 | 3.0 |" in text and "RuntimeError: nvcc not found" in text
     order = [text.index(f"## {name}") for name in ("orchestrator", "compile", "timing", "learner", "weight_sync")]
     assert order == sorted(order)  # the report follows BENCHES' order

@@ -1,4 +1,4 @@
-"""bench.timing's CPU-side parts: the CPU-load helper (busy processes for a block, none left
+"""bench.system.timing's CPU-side parts: the CPU-load helper (busy processes for a block, none left
 after it), the loaded / quiet report, and problem lookup across levels."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench import timing
+from bench.system import timing
 
 
 def _alive(pid: int) -> bool:

@@ -13,7 +13,7 @@ import pytest
 from msgspec import Struct
 
 from bench.kernelbench import watch as w
-from bench.records import ProblemRecord, append_record
+from bench.system.records import ProblemRecord, append_record
 
 
 class FakeBenchConfig(Struct, frozen=True, kw_only=True):
@@ -48,9 +48,9 @@ def _make_run(run: Path, tokenizer_dir: Path, hidden: int = 32, max_position: in
     import torch
 
     from agentcore.tiny_tokenizer import load_tokenizer
-    from rl import checkpoint
+    from rl.learner import checkpoint
     from rl.config import DataConfig, TrainConfig, save_config
-    from rl.models import ModelConfig, build_actor, tiny_qwen2_config
+    from rl.learner.models import ModelConfig, build_actor, tiny_qwen2_config
 
     vocab = len(load_tokenizer(tokenizer_dir))
     hf = tiny_qwen2_config(vocab, hidden=hidden, layers=2, intermediate=2 * hidden, max_position=max_position)
@@ -188,7 +188,7 @@ async def test_watch_benchmarks_a_checkpoint_with_the_real_runner_on_gpu(tmp_pat
     random model: it writes no kernel, so the record is no_candidate), metrics line and report."""
     from bench.kernelbench.problems import default_problems_path
     from bench.kernelbench.run import BenchConfig
-    from bench.records import read_records
+    from bench.system.records import read_records
 
     problems = default_problems_path()
     if not problems.exists():

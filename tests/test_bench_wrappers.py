@@ -14,7 +14,7 @@ from bench.kernelbench.problems import Problem, load_problems
 from bench.kernelbench.replay import find_solutions
 from bench.kernelbench.wrappers import workspace_name, wrapper_files, wrapper_model_new, write_wrappers
 from rewards.env import pristine_files, static_verdict
-from rewards.static_checks import check_sources
+from rewards.static.checks import check_sources
 from rewards.verdict import HackCategory
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,7 +99,7 @@ def test_every_level_1_to_3_wrapper_parses_and_is_flagged_statically():
 
 @needs_compiler
 async def test_wrapper_kernels_build(tmp_path):
-    from rewards.compile_pool import CompileConfig, CompilePool
+    from rewards.build.compile_pool import CompileConfig, CompilePool
 
     ws = write_wrappers([RELU], tmp_path)[0]
     for rel, data in pristine_files(RELU.task).items():

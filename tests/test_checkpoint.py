@@ -1,4 +1,4 @@
-"""rl.checkpoint: save/load restores the whole training state, a kill mid-save never costs the
+"""rl.learner.checkpoint: save/load restores the whole training state, a kill mid-save never costs the
 previous checkpoint, FSDP2-sharded state saves and loads over 2 ranks, and the HF export loads
 in transformers with the same logits.
 
@@ -26,7 +26,7 @@ VOCAB = 64
 
 def _cfg(vocab: int = VOCAB, hidden: int = 32):
     """hidden 32 on CPU; 64 on CUDA, where flex attention needs heads of at least 16 dims."""
-    from rl.models import ModelConfig, tiny_qwen2_config
+    from rl.learner.models import ModelConfig, tiny_qwen2_config
 
     hf = tiny_qwen2_config(vocab, hidden=hidden, layers=2, intermediate=2 * hidden)
     return ModelConfig(hf_config=hf, logprob_chunk_tokens=8)
@@ -34,7 +34,7 @@ def _cfg(vocab: int = VOCAB, hidden: int = 32):
 
 def _setup(vocab: int = VOCAB):
     """A tiny actor and critic with their AdamW optimizers."""
-    from rl.models import build_actor, build_critic
+    from rl.learner.models import build_actor, build_critic
 
     actor, critic = build_actor(_cfg(vocab), "cpu"), build_critic(_cfg(vocab), "cpu")
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (actor, critic)]
@@ -77,7 +77,7 @@ def _opt_tensors(opt) -> list[torch.Tensor]:
 
 
 def test_load_restores_params_optimizer_state_rng_and_extra(tmp_path):
-    from rl import checkpoint
+    from rl.learner import checkpoint
 
     models = _setup()
     _train(*models, seed=0)
@@ -101,7 +101,7 @@ def test_load_restores_params_optimizer_state_rng_and_extra(tmp_path):
 
 
 def test_resumed_training_matches_uninterrupted_training(tmp_path):
-    from rl import checkpoint
+    from rl.learner import checkpoint
 
     original = _setup()
     _train(*original, seed=0)
@@ -116,14 +116,14 @@ def test_resumed_training_matches_uninterrupted_training(tmp_path):
 
 
 def test_no_checkpoint_loads_nothing(tmp_path):
-    from rl import checkpoint
+    from rl.learner import checkpoint
 
     actor, critic, *_ = _setup()
     assert checkpoint.load_latest(tmp_path, actor=actor, critic=critic) is None
 
 
 def test_torn_tmp_directory_is_ignored_and_removed(tmp_path):
-    from rl import checkpoint
+    from rl.learner import checkpoint
 
     actor, critic, a_opt, c_opt = _setup()
     checkpoint.save(tmp_path, 1, actor=actor, critic=critic, actor_opt=a_opt, critic_opt=c_opt)
@@ -141,7 +141,7 @@ def test_torn_tmp_directory_is_ignored_and_removed(tmp_path):
 
 
 def test_only_the_newest_checkpoints_are_kept(tmp_path):
-    from rl import checkpoint
+    from rl.learner import checkpoint
 
     actor, critic, *_ = _setup()
     for step in range(1, 6):
@@ -153,7 +153,7 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path):
 
 
 def test_saving_a_step_again_replaces_it(tmp_path):
-    from rl import checkpoint
+    from rl.learner import checkpoint
 
     actor, critic, a_opt, c_opt = _setup()
     checkpoint.save(tmp_path, 1, actor=actor, critic=critic, extra={"v": 1})
@@ -166,7 +166,7 @@ def test_saving_a_step_again_replaces_it(tmp_path):
 
 
 def test_a_pruned_checkpoint_is_not_complete_and_load_removes_it(tmp_path, monkeypatch):
-    from rl import checkpoint
+    from rl.learner import checkpoint
 
     actor, critic, *_ = _setup()
     checkpoint.save(tmp_path, 1, actor=actor, critic=critic)
@@ -185,7 +185,7 @@ def test_a_pruned_checkpoint_is_not_complete_and_load_removes_it(tmp_path, monke
 
 
 def test_save_and_export_report_seconds_per_part(tmp_path, tiny_tokenizer_dir, tokenizer_vocab):
-    from rl import checkpoint
+    from rl.learner import checkpoint
 
     actor, critic, a_opt, c_opt = _setup(tokenizer_vocab)
     parts: dict[str, float] = {}
@@ -221,7 +221,7 @@ def _plain_train(actor, critic, actor_opt, critic_opt, seed: int) -> None:
 
 def _kill_child(point: str, run_dir: Path) -> None:
     """Save step 1, train, then save step 2 and pause at `point` until killed."""
-    from rl import checkpoint
+    from rl.learner import checkpoint
 
     models = _plain_setup()
     kw = {"actor": models[0], "critic": models[1], "actor_opt": models[2], "critic_opt": models[3]}
@@ -247,7 +247,7 @@ def _kill_child(point: str, run_dir: Path) -> None:
 
 
 def test_sigkill_in_the_middle_of_a_save_leaves_a_loadable_checkpoint(tmp_path):
-    from rl import checkpoint
+    from rl.learner import checkpoint
 
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")  # CPU ranks, gloo
     children = {}
@@ -275,9 +275,9 @@ def test_sigkill_in_the_middle_of_a_save_leaves_a_loadable_checkpoint(tmp_path):
 
 
 def _fsdp_worker(out: Path) -> None:
-    from rl import checkpoint
-    from rl.fsdp import apply_activation_checkpointing, close_distributed, full_state_items, init_distributed, shard
-    from rl.models import layers
+    from rl.learner import checkpoint
+    from rl.learner.fsdp import apply_activation_checkpointing, close_distributed, full_state_items, init_distributed, shard
+    from rl.learner.models import layers
 
     d = init_distributed()
     models = _setup()
@@ -339,7 +339,7 @@ def test_fsdp_ranks_restore_their_own_rng_streams(fsdp_run):
 
 
 def test_fsdp_checkpoint_loads_unsharded_in_one_process(fsdp_run):
-    from rl import checkpoint
+    from rl.learner import checkpoint
 
     out, results = fsdp_run
     actor, critic, a_opt, c_opt = _setup()
@@ -371,7 +371,7 @@ def tokenizer_vocab(tiny_tokenizer_dir):
 def test_export_loads_in_transformers_with_identical_logits(tmp_path, tiny_tokenizer_dir, tokenizer_vocab):
     from transformers import AutoModelForCausalLM
 
-    from rl import checkpoint
+    from rl.learner import checkpoint
 
     actor, critic, a_opt, c_opt = _setup(tokenizer_vocab)
     _train(actor, critic, a_opt, c_opt, seed=0)  # weights that differ from any fresh init
@@ -389,7 +389,7 @@ def test_export_in_bf16_declares_and_stores_bf16(tmp_path, tiny_tokenizer_dir, t
 
     from transformers import AutoModelForCausalLM
 
-    from rl import checkpoint
+    from rl.learner import checkpoint
 
     actor, *_ = _setup(tokenizer_vocab)
     out = checkpoint.export_hf(actor, tiny_tokenizer_dir, tmp_path / "hf")
@@ -404,7 +404,7 @@ def test_export_in_bf16_declares_and_stores_bf16(tmp_path, tiny_tokenizer_dir, t
 def test_large_export_is_sharded_and_loads(tmp_path, tiny_tokenizer_dir, tokenizer_vocab):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rl import checkpoint
+    from rl.learner import checkpoint
 
     actor, *_ = _setup(tokenizer_vocab)
     out = checkpoint.export_hf(actor, tiny_tokenizer_dir, tmp_path / "hf", dtype=torch.float32, max_shard_size="200KB")
@@ -423,9 +423,9 @@ def test_large_export_is_sharded_and_loads(tmp_path, tiny_tokenizer_dir, tokeniz
 def _cuda_worker(out: Path, tokenizer_dir: str) -> None:
     from transformers import AutoModelForCausalLM
 
-    from rl import checkpoint
-    from rl.fsdp import apply_activation_checkpointing, close_distributed, full_state_items, init_distributed, shard
-    from rl.models import build_actor, build_critic, layers
+    from rl.learner import checkpoint
+    from rl.learner.fsdp import apply_activation_checkpointing, close_distributed, full_state_items, init_distributed, shard
+    from rl.learner.models import build_actor, build_critic, layers
 
     d = init_distributed()
     actor, critic = build_actor(_cfg(hidden=64), d.device), build_critic(_cfg(hidden=64), d.device)

@@ -1,4 +1,4 @@
-"""rl.checkpoint.Saver(background=True): a save returns once staged and the training that follows
+"""rl.learner.checkpoint.Saver(background=True): a save returns once staged and the training that follows
 cannot leak into it, a kill during the background commit keeps the previous checkpoint, a
 failure surfaces at the next save naming its step, 2 FSDP2 ranks agree on success and failure,
 and `cuda-agent train --resume` with background saves loses no step after kill -9.
@@ -50,7 +50,7 @@ def _assert_restored(models, snapshot) -> None:
 
 
 def test_training_right_after_a_background_save_does_not_leak_into_it(tmp_path, monkeypatch):
-    from rl import checkpoint
+    from rl.learner import checkpoint
 
     gate = threading.Event()  # DCP's writer waits until training has moved every tensor
 
@@ -79,7 +79,7 @@ def test_training_right_after_a_background_save_does_not_leak_into_it(tmp_path, 
 
 
 def test_background_and_blocking_saves_load_the_same_state(tmp_path):
-    from rl import checkpoint
+    from rl.learner import checkpoint
 
     models = _plain_setup()
     _plain_train(*models, seed=0)
@@ -95,7 +95,7 @@ def test_background_and_blocking_saves_load_the_same_state(tmp_path):
 
 
 def test_a_failed_background_write_is_reported_at_the_next_save_naming_its_step(tmp_path, monkeypatch):
-    from rl import checkpoint
+    from rl.learner import checkpoint
 
     models = _plain_setup()
     saver = checkpoint.Saver(background=True)
@@ -126,7 +126,7 @@ def test_a_failed_background_write_is_reported_at_the_next_save_naming_its_step(
 
 def _kill_child(run_dir: Path) -> None:
     """Background-save step 1, train, background-save step 2 and pause before its `latest`."""
-    from rl import checkpoint
+    from rl.learner import checkpoint
 
     models = _plain_setup()
     saver = checkpoint.Saver(background=True)
@@ -149,7 +149,7 @@ def _kill_child(run_dir: Path) -> None:
 
 
 def test_sigkill_during_a_background_commit_keeps_the_previous_checkpoint(tmp_path):
-    from rl import checkpoint
+    from rl.learner import checkpoint
 
     child = subprocess.Popen([sys.executable, __file__, "kill", str(tmp_path)], env=ENV,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -169,9 +169,9 @@ def test_sigkill_during_a_background_commit_keeps_the_previous_checkpoint(tmp_pa
 
 
 def _fsdp_worker(out: Path) -> None:
-    from rl import checkpoint
-    from rl.fsdp import close_distributed, full_state_items, init_distributed, shard
-    from rl.models import layers
+    from rl.learner import checkpoint
+    from rl.learner.fsdp import close_distributed, full_state_items, init_distributed, shard
+    from rl.learner.models import layers
     from tests.test_checkpoint import _setup, _train
 
     d = init_distributed()

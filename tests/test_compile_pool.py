@@ -20,9 +20,9 @@ import anyio
 import msgspec
 import pytest
 
-from rewards.compile_pool import CompileConfig, CompilePool, CompilePoolStatistics
-from rewards.compiler_log import trim_log
-from rewards.toolchain import ToolchainError, discover_toolchain, resolve_arch
+from rewards.build.compile_pool import CompileConfig, CompilePool, CompilePoolStatistics
+from rewards.build.compiler_log import trim_log
+from rewards.build.toolchain import ToolchainError, discover_toolchain, resolve_arch
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "build" / "relu"
@@ -82,7 +82,7 @@ def edit(path: Path, old: str, new: str) -> None:
 
 
 def load_in_subprocess(so_path: str, code: str) -> subprocess.CompletedProcess:
-    script = f"from rewards.loader import load_extension\nm = load_extension({so_path!r})\n{code}"
+    script = f"from rewards.build.loader import load_extension\nm = load_extension({so_path!r})\n{code}"
     return subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
 
 

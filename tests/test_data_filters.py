@@ -8,8 +8,8 @@ import msgspec
 import pytest
 
 from agentcore.types import Task
-from rewards.gpu_queue import GpuQueue, GpuQueueConfig
-from rewards.jobs import JobStatus
+from rewards.queue.gpu_queue import GpuQueue, GpuQueueConfig
+from rewards.queue.jobs import JobStatus
 from rl.data.filters import (
     HANDLER,
     KIND,

@@ -17,7 +17,7 @@ import pytest
 
 from agentcore.kernel_env import KernelEnv
 from agentcore.types import Status, Task, Timings, Trajectory
-from rewards.compile_pool import CompileConfig, CompilePool
+from rewards.build.compile_pool import CompileConfig, CompilePool
 from rewards.env import NoGpuError, RewardsKernelEnv, pristine_files
 from rewards.evaluate import FinalEvaluator, snapshot_solution
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentcore.types import Task
-from rewards.compile_pool import CompileConfig
+from rewards.build.compile_pool import CompileConfig
 from rewards.env import EnvConfig, open_kernel_env, pristine_files
 from rewards.evaluate import FinalEvaluator
 
@@ -75,7 +75,7 @@ async def test_final_evaluator_gives_a_dynamic_cheat_minus_one(tmp_path):
 
 async def test_large_task_verifies_through_the_queue(tmp_path):
     """Once judged PROBLEM_SHRINKING: the sandbox's 4 GiB RLIMIT_FSIZE broke the 6.4 GB output
-    blob; CUDA outputs now travel by IPC (rewards.verify_wire.CudaShare)."""
+    blob; CUDA outputs now travel by IPC (rewards.verify.wire.CudaShare)."""
     ws, task = make_workspace(LARGE, tmp_path), task_of(LARGE)
     async with open_kernel_env(env_config(tmp_path)) as env:
         assert (await env.compile(ws, task)).ok

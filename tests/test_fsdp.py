@@ -1,4 +1,4 @@
-"""rl.fsdp: FSDP2 over 2 CPU ranks (gloo) trains exactly like one unsharded process, and the
+"""rl.learner.fsdp: FSDP2 over 2 CPU ranks (gloo) trains exactly like one unsharded process, and the
 gathered full state is the unsharded model's state under Hugging Face names.
 
 The 2-rank case runs this file as the torchrun worker (`python -m torch.distributed.run
@@ -23,7 +23,7 @@ DOC_LENGTHS = [(9, 6), (7, 8)]  # rank r packs documents DOC_LENGTHS[r] into one
 
 def _model_cfg(hidden: int = 32):
     """hidden 32 on CPU; 64 on CUDA, where flex attention needs heads of at least 16 dims."""
-    from rl.models import ModelConfig, tiny_qwen2_config
+    from rl.learner.models import ModelConfig, tiny_qwen2_config
 
     hf = tiny_qwen2_config(VOCAB, hidden=hidden, layers=2, intermediate=2 * hidden)
     return ModelConfig(hf_config=hf, logprob_chunk_tokens=8)
@@ -48,7 +48,7 @@ def _packed(lengths: tuple[int, ...], seed: int) -> dict[str, torch.Tensor]:
 
 
 def _losses(actor, critic, batch, normalizer: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-level sums divided by the global token count (rl.ppo's aggregation)."""
+    """Token-level sums divided by the global token count (rl.learner.ppo's aggregation)."""
     logprobs, entropy = actor(batch["input_ids"], batch["position_ids"], batch["targets"])
     actor_loss = -((logprobs + 0.01 * entropy) * batch["mask"]).sum() / normalizer
     values = critic(batch["input_ids"], batch["position_ids"])
@@ -70,7 +70,7 @@ def _step(modules, opts, batches, normalizer: float) -> float:
 
 
 def _full_state(module) -> dict[str, torch.Tensor]:
-    from rl.fsdp import full_state_items
+    from rl.learner.fsdp import full_state_items
 
     return {name: t.clone() for bucket in full_state_items(module, 1 << 12) for name, t in bucket}
 
@@ -78,7 +78,7 @@ def _full_state(module) -> dict[str, torch.Tensor]:
 def _models(cfg, device) -> tuple:
     """Actor and critic; the critic's value head gets fixed non-zero weights, so that one step
     also moves its backbone (a zero head passes no gradient back)."""
-    from rl.models import build_actor, build_critic
+    from rl.learner.models import build_actor, build_critic
 
     critic = build_critic(cfg, device)
     head = critic.value_head.weight  # [1, H]
@@ -95,8 +95,8 @@ def _worker(out: Path) -> None:
     """Rank body: the same update sharded (both ranks) and unsharded (each rank, all data)."""
     import torch.distributed as dist
 
-    from rl.fsdp import apply_activation_checkpointing, close_distributed, init_distributed, shard
-    from rl.models import layers
+    from rl.learner.fsdp import apply_activation_checkpointing, close_distributed, init_distributed, shard
+    from rl.learner.models import layers
 
     d = init_distributed()
     cfg = _model_cfg()
@@ -179,8 +179,8 @@ def test_gathered_state_is_the_unsharded_state_under_hf_names(two_ranks, name):
 
 
 def test_activation_checkpointing_keeps_names_and_gradients():
-    from rl.fsdp import apply_activation_checkpointing
-    from rl.models import build_actor, layers
+    from rl.learner.fsdp import apply_activation_checkpointing
+    from rl.learner.models import build_actor, layers
 
     batch = _packed((9, 6), seed=0)
     plain, wrapped = build_actor(_model_cfg(), "cpu"), build_actor(_model_cfg(), "cpu")
@@ -196,8 +196,8 @@ def test_activation_checkpointing_keeps_names_and_gradients():
 
 
 def test_full_state_items_buckets_by_size_and_shares_tied_weights():
-    from rl.fsdp import full_state_items
-    from rl.models import build_actor
+    from rl.learner.fsdp import full_state_items
+    from rl.learner.models import build_actor
 
     actor = build_actor(_model_cfg(), "cpu")
     limit = 8 << 10
@@ -212,8 +212,8 @@ def test_full_state_items_buckets_by_size_and_shares_tied_weights():
 
 
 def test_full_state_items_casts_to_the_requested_dtype():
-    from rl.fsdp import full_state_items
-    from rl.models import build_actor
+    from rl.learner.fsdp import full_state_items
+    from rl.learner.models import build_actor
 
     actor = build_actor(_model_cfg(), "cpu")
     items = dict(item for bucket in full_state_items(actor, 1 << 30, dtype=torch.bfloat16) for item in bucket)
@@ -226,8 +226,8 @@ def test_full_state_items_casts_to_the_requested_dtype():
 
 
 def _cuda_worker(out: Path) -> None:
-    from rl.fsdp import apply_activation_checkpointing, close_distributed, init_distributed, shard
-    from rl.models import layers
+    from rl.learner.fsdp import apply_activation_checkpointing, close_distributed, init_distributed, shard
+    from rl.learner.models import layers
 
     d = init_distributed()
     cfg = _model_cfg(hidden=64)
@@ -257,7 +257,7 @@ def _cuda_worker(out: Path) -> None:
 
 
 def test_every_kth_layer_keeps_the_last_one_and_rejects_zero():
-    from rl.fsdp import every_kth
+    from rl.learner.fsdp import every_kth
 
     assert every_kth(list("abcde"), 1) == list("abcde")
     assert every_kth(list("abcde"), 2) == ["a", "c", "e"]
@@ -269,8 +269,8 @@ def test_every_kth_layer_keeps_the_last_one_and_rejects_zero():
 def test_checkpointing_every_other_layer_gives_the_same_gradients():
     """Partial activation checkpointing recomputes some blocks in backward: same loss, same
     gradients as no checkpointing, and only the chosen blocks are wrapped."""
-    from rl.fsdp import apply_activation_checkpointing, every_kth
-    from rl.models import layers
+    from rl.learner.fsdp import apply_activation_checkpointing, every_kth
+    from rl.learner.models import layers
 
     import msgspec
 

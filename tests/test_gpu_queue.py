@@ -1,5 +1,5 @@
 """The GPU job queue on a CPU machine: lanes "0" and "1" are worker processes with
-CUDA_VISIBLE_DEVICES set, running the built-in handlers of `rewards.jobs` (and a few written by
+CUDA_VISIBLE_DEVICES set, running the built-in handlers of `rewards.queue.jobs` (and a few written by
 the tests into a module on PYTHONPATH). The queue, the workers and bubblewrap are real."""
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from pathlib import Path
 import anyio
 import pytest
 
-from rewards.gpu_queue import (
+from rewards.queue.gpu_queue import (
     GpuQueue,
     GpuQueueConfig,
     QueueClosed,
     WorkerStartError,
     worker_env,
 )
-from rewards.jobs import (
+from rewards.queue.jobs import (
     CrashArgs,
     EchoEnvArgs,
     EchoEnvValue,
@@ -457,7 +457,7 @@ async def test_sandboxed_hanging_job_times_out_and_lane_recovers(config):
 
 @pytest.mark.gpu
 async def test_sandboxed_worker_runs_cuda_on_its_one_gpu(config):
-    from rewards.jobs import CudaProbeValue, decode
+    from rewards.queue.jobs import CudaProbeValue, decode
 
     async with GpuQueue(one_lane(config, sandbox=True)) as queue:
         result = await queue.submit(Job(job_id="probe", kind="cuda_probe"))

@@ -17,8 +17,8 @@ import subprocess
 
 import pytest
 
-from rewards.gpu_queue import GpuQueue, GpuQueueConfig, worker_env
-from rewards.jobs import Job, JobStatus, decode, encode
+from rewards.queue.gpu_queue import GpuQueue, GpuQueueConfig, worker_env
+from rewards.queue.jobs import Job, JobStatus, decode, encode
 from tests.fakes.compile_handler import CompileArgs, CompileValue, expected_total
 
 HANDLER = {"inductor_compile": "tests.fakes.compile_handler:inductor_compile"}

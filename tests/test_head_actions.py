@@ -14,11 +14,11 @@ import msgspec
 import pytest
 import torch
 
-from rl.models import ModelConfig, build_actor, build_critic, tiny_qwen2_config
-from rl.packing import dummy_micro_batch, micro_batches
-from rl.perf import action_positions, update_flops
+from rl.learner.models import ModelConfig, build_actor, build_critic, tiny_qwen2_config
+from rl.learner.packing import dummy_micro_batch, micro_batches
+from rl.learner.perf import action_positions, update_flops
 from rl.samples import Sample
-from rl.update import PPOConfig, compute_logprobs, ppo_step, sft_step
+from rl.learner.update import PPOConfig, compute_logprobs, ppo_step, sft_step
 
 VOCAB = 48
 EXACT = PPOConfig(
@@ -208,15 +208,15 @@ def test_update_flops_count_the_head_for_its_positions_only():
 def _sharded_sft_worker(out: Path) -> None:
     """Rank body: sft_step under FSDP2 with an untied head; rank 1 has no samples, so it runs an
     all-masked dummy row while rank 0 trains. Rank 0 saves the gathered weights after the step."""
-    from rl.fsdp import (
+    from rl.learner.fsdp import (
         apply_activation_checkpointing,
         close_distributed,
         full_state_items,
         init_distributed,
         shard,
     )
-    from rl.models import layers
-    from rl.packing import balance
+    from rl.learner.models import layers
+    from rl.learner.packing import balance
 
     d = init_distributed()
     actor = build_actor(config(True, tie_word_embeddings=False), "cpu")

@@ -1,4 +1,4 @@
-"""Single-file KernelBench solutions (`rewards.inline`): the load_inline call read from the AST in
+"""Single-file KernelBench solutions (`rewards.inline.prepare`): the load_inline call read from the AST in
 its published forms, dynamic forms refused with a clear verdict, the rewritten model_new.py, the
 static checks on the source strings, and the build through the real compile pool (slow: nvcc
 parses torch's headers). On the GPU: tests/test_env_gpu.py."""
@@ -15,10 +15,10 @@ import anyio
 import pytest
 
 from agentcore.types import Task
-from rewards.compile_pool import CompileConfig, CompilePool
+from rewards.build.compile_pool import CompileConfig, CompilePool
 from rewards.env import RewardsKernelEnv
 from rewards.evaluate import FinalEvaluator, snapshot_solution
-from rewards.inline import (
+from rewards.inline.prepare import (
     UnsupportedInline, binding_file, convert, extract, is_inline_solution, rewrite, static_findings,
 )
 from rewards.verdict import VerdictStatus
@@ -171,7 +171,7 @@ def test_final_evaluator_builds_the_single_file_in_the_compile_pool(tmp_path, ca
     assert prepared.build.result.built_units == 2
     assert "import cuda_extension as relu" in (snapshot / "model_new.py").read_text()
     so = prepared.build.artifact.so_path
-    probe = f"from rewards.loader import load_extension\nm = load_extension({so!r})\nprint(m.relu_cuda.__doc__)"
+    probe = f"from rewards.build.loader import load_extension\nm = load_extension({so!r})\nprint(m.relu_cuda.__doc__)"
     cudart = Path(CompilePool(config).toolchain.cuda_lib_dir) / "libcudart.so"
     if cudart.exists():
         loaded = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)

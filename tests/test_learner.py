@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from rl.config import apply_overrides
-from rl.fsdp import init_distributed
-from rl.learner import Learner
+from rl.learner.fsdp import init_distributed
+from rl.learner.actor_critic import Learner
 from rl.recipes import smoke_cpu
 from rl.samples import Sample
 

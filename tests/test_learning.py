@@ -1,12 +1,12 @@
 """The learning check (issue part 10): PPO, exactly as training runs it, raises the reward of a
 toy task on a tiny random Qwen2 within a few dozen steps (CPU). The longer run with the reward
-curve printed is `python -m bench.learning`."""
+curve printed is `python -m bench.system.learning`."""
 
 from __future__ import annotations
 
 import torch
 
-from bench.learning import LearningConfig, train
+from bench.system.learning import LearningConfig, train
 
 
 def test_ppo_raises_the_reward_of_a_toy_task():

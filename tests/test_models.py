@@ -1,4 +1,4 @@
-"""rl.models: building actor and critic, their initial weights, sizes and FLOP accounting."""
+"""rl.learner.models: building actor and critic, their initial weights, sizes and FLOP accounting."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from rl.models import (
+from rl.learner.models import (
     Actor,
     ModelConfig,
     build_actor,
@@ -143,7 +143,7 @@ def test_flops_per_token_qwen2_05b_is_about_6_n():
 
 @pytest.mark.gpu
 def test_cuda_actor_uses_flex_attention_and_packed_rows_equal_separate_rows():
-    from rl.packing import collate
+    from rl.learner.packing import collate
     from rl.samples import Sample
 
     cfg = ModelConfig(hf_config=TINY, attn_implementation="flex_attention", logprob_chunk_tokens=8)
@@ -167,7 +167,7 @@ def test_cuda_actor_uses_flex_attention_and_packed_rows_equal_separate_rows():
 @pytest.mark.gpu
 def test_cuda_compiled_head_stats_equal_eager_values_and_gradients():
     """The fused (compiled) log-softmax / entropy over LM-head chunks matches the eager ops."""
-    from rl.models import _compiled_stats, _logit_stats
+    from rl.learner.models import _compiled_stats, _logit_stats
 
     g = torch.Generator(device="cuda").manual_seed(0)
     for rows in (64, 64, 23):  # a second static call, then a shorter last chunk (dynamic)
@@ -196,7 +196,7 @@ def _packed_samples(lengths, vocab=32, seed=0):
 def test_varlen_attention_on_a_packed_row_equals_packed_sdpa_values_and_gradients():
     """The "varlen" attention plumbing (cu_seq_lens through the HF forward, no mask) gives the
     same log-probs, values and gradients as transformers' own packed sdpa path."""
-    from rl.packing import collate
+    from rl.learner.packing import collate
 
     samples = _packed_samples((9, 3, 14, 6))
     packed = collate(samples, range(4))
@@ -217,7 +217,7 @@ def test_varlen_attention_on_a_packed_row_equals_packed_sdpa_values_and_gradient
 def test_cuda_varlen_kernel_is_causal_within_each_document():
     """The FlashAttention varlen call (whichever causal spelling this torch takes) against causal
     sdpa per document in fp32: packed-vs-separate rows alone would not see a non-causal kernel."""
-    from rl.attention import _per_document_sdpa, varlen_attention, varlen_available
+    from rl.learner.attention import _per_document_sdpa, varlen_attention, varlen_available
 
     if not varlen_available():
         pytest.skip("this torch has no varlen_attn")
@@ -242,8 +242,8 @@ def test_cuda_varlen_kernel_is_causal_within_each_document():
 
 @pytest.mark.gpu
 def test_cuda_varlen_packed_rows_equal_separate_rows():
-    from rl.attention import varlen_available
-    from rl.packing import collate
+    from rl.learner.attention import varlen_available
+    from rl.learner.packing import collate
 
     if not varlen_available():
         pytest.skip("this torch has no varlen_attn")

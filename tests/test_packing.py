@@ -1,4 +1,4 @@
-"""rl.samples and rl.packing: bins, alignment of packed rows, and packed forwards that equal
+"""rl.samples and rl.learner.packing: bins, alignment of packed rows, and packed forwards that equal
 separate ones through the real Actor and Critic (tiny Qwen2 on CPU)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from agentcore.types import Status, Timings, Trajectory
-from rl.models import ModelConfig, build_actor, build_critic, tiny_qwen2_config
-from rl.packing import (
+from rl.learner.models import ModelConfig, build_actor, build_critic, tiny_qwen2_config
+from rl.learner.packing import (
     balance,
     collate,
     dummy_micro_batch,
@@ -110,7 +110,7 @@ def test_pack_finds_the_fewest_bins_where_first_fit_decreasing_needs_one_more():
 
 
 def test_pack_rows_filled_exactly_come_back_as_that_many_bins():
-    """bench.learner's synthetic batch: documents that fill k rows exactly (FFD needed k + 1 for
+    """bench.system.learner's synthetic batch: documents that fill k rows exactly (FFD needed k + 1 for
     most of them)."""
     rng = random.Random(0)
     for _ in range(20):

@@ -1,12 +1,12 @@
-"""rl.perf: the FLOPs of one update, counted by hand on a tiny config, agree with the per-token
-count of rl.models; the peak table finds the lent GPUs by name."""
+"""rl.learner.perf: the FLOPs of one update, counted by hand on a tiny config, agree with the per-token
+count of rl.learner.models; the peak table finds the lent GPUs by name."""
 
 from __future__ import annotations
 
 import pytest
 
-from rl.models import flops_per_token, tiny_qwen2_config
-from rl.perf import matmul_params, peak_flops, update_flops
+from rl.learner.models import flops_per_token, tiny_qwen2_config
+from rl.learner.perf import matmul_params, peak_flops, update_flops
 
 CFG = tiny_qwen2_config(100, hidden=8, layers=2, heads=2, kv_heads=1, intermediate=16)
 

@@ -1,4 +1,4 @@
-"""rl.ppo against numbers worked out by hand (each derivation is in the test's comments)."""
+"""rl.learner.ppo against numbers worked out by hand (each derivation is in the test's comments)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rl import ppo
+from rl.learner import ppo
 
 
 def t(*xs: float) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """The profile handler's child protocol on a CPU machine: the trusted side ships the reference's
-state and a `TimeCandidate` to a fresh `rewards.profile_child`, and whatever goes wrong on the
+state and a `TimeCandidate` to a fresh `rewards.timing.profile_child`, and whatever goes wrong on the
 candidate's side comes back as a `Timed(ok=False)` value with the reason, never an exception.
 Timing itself needs a GPU (tests/test_env_gpu.py)."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from agentcore.types import ProfileResult
-from rewards.profile import Profile, ProfileRequest, time_candidate, to_profile_result
-from rewards.timing import TimingConfig
+from rewards.timing.profile import Profile, ProfileRequest, time_candidate, to_profile_result
+from rewards.timing.sampling import TimingConfig
 from rewards.verdict import Timing
 
 TASK = """

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 
 from rewards.reward import score
-from rewards.static_checks import (
+from rewards.static.checks import (
     PROTECTED_FILES,
     check_protected,
     check_sources,
     check_workspace,
     file_digest,
 )
-from rewards.static_cpp import check_cpp, strip_cpp
-from rewards.static_python import check_model_new
+from rewards.static.cpp import check_cpp, strip_cpp
+from rewards.static.python import check_model_new
 from rewards.verdict import HackCategory, Verdict, VerdictStatus, hack_verdict
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -11,8 +11,8 @@ import sys
 import msgspec
 import pytest
 
-from rewards import timing_stats as stats
-from rewards.baselines import (
+from rewards.timing import stats
+from rewards.timing.baselines import (
     BaselineCache,
     BaselineRequest,
     Baselines,
@@ -22,8 +22,8 @@ from rewards.baselines import (
     make_key,
     report,
 )
-from rewards.jobs import decode, encode
-from rewards.precision import (
+from rewards.queue.jobs import decode, encode
+from rewards.verify.precision import (
     FP32,
     POLICIES,
     TF32_BEST,
@@ -32,7 +32,7 @@ from rewards.precision import (
     precision_flags,
     snapshot_flags,
 )
-from rewards.timing import (
+from rewards.timing.sampling import (
     METHOD_EVENT,
     METHOD_GRAPH,
     Run,
@@ -300,7 +300,7 @@ def test_measurement_round_trips_through_msgpack():
 @pytest.fixture
 def torch_flags():
     """Leave torch's global flags as the test found them."""
-    from rewards.precision import restore_flags
+    from rewards.verify.precision import restore_flags
 
     saved = snapshot_flags()
     yield
@@ -474,8 +474,8 @@ def test_load_task_builds_the_model_and_seeded_inputs_on_the_device():
 def test_timing_modules_import_without_torch_or_cupy():
     code = (
         "import sys\n"
-        "import rewards.timing, rewards.timing_stats, rewards.gpu_timer, rewards.gpu_clocks\n"
-        "import rewards.precision, rewards.baselines\n"
+        "import rewards.timing.sampling, rewards.timing.stats, rewards.timing.gpu_timer, rewards.timing.clocks\n"
+        "import rewards.verify.precision, rewards.timing.baselines\n"
         "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'cupy'))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -483,7 +483,7 @@ def test_timing_modules_import_without_torch_or_cupy():
 
 
 def test_clock_reader_never_fails_without_a_driver():
-    from rewards.gpu_clocks import ClockReader
+    from rewards.timing.clocks import ClockReader
 
     info = ClockReader("0000:00:00.0", "none")()
     assert info.gpu_name == "none"

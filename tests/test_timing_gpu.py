@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rewards.timing import METHOD_EVENT, METHOD_GRAPH, TimingConfig, forced, measure
+from rewards.timing.sampling import METHOD_EVENT, METHOD_GRAPH, TimingConfig, forced
+from rewards.timing.gpu_timer import measure
 
 pytestmark = pytest.mark.gpu
 
@@ -100,7 +101,7 @@ def test_microsecond_calls_switch_to_graph_mode():
 def test_side_stream_work_is_flagged_and_honest_work_is_not():
     import torch
 
-    from rewards.precision import precision_flags
+    from rewards.verify.precision import precision_flags
 
     side = torch.cuda.Stream()
 
@@ -121,8 +122,8 @@ def test_side_stream_work_is_flagged_and_honest_work_is_not():
 
 
 def test_relu_baselines_run_restore_flags_and_cache(tmp_path):
-    from rewards.baselines import BaselineRequest, measure_baselines
-    from rewards.precision import changed_flags, snapshot_flags
+    from rewards.timing.baselines import BaselineRequest, measure_baselines
+    from rewards.verify.precision import changed_flags, snapshot_flags
 
     before = snapshot_flags()
     request = BaselineRequest(source=relu_source(), name="19_ReLU", cache_dir=str(tmp_path))

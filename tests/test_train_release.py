@@ -17,7 +17,7 @@ import pytest
 
 from rl.config import apply_overrides
 from rl.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
-from rl.rank import Rank
+from rl.learner.rank import Rank
 from rl.recipes import smoke_cpu
 from rl.stages import releases_memory
 from rl.train import run_training

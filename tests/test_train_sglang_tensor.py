@@ -29,7 +29,7 @@ import torch
 from agentcore.sglang import SGLangClient, SGLangClientConfig
 from agentcore.tiny_tokenizer import build_tiny_tokenizer, load_tokenizer
 from rl.config import apply_overrides
-from rl.models import build_actor, hf_model
+from rl.learner.models import build_actor, hf_model
 from rl.recipes import smoke_cpu
 from rl.train import run_training
 from rl.weight_sync import WeightSyncConfig, WeightSyncError, sync_tensor
@@ -256,7 +256,7 @@ async def test_a_failed_release_names_rank_and_server_and_resume_loses_nothing(t
 def test_a_value_step_keeps_the_server_weights_and_resumes_the_rest():
     """No weight sync follows a value step, so the server keeps its weights (SGLang drops freed
     weights), and the driver's resume brings back the KV cache and continues generation."""
-    from rl.rank import Rank
+    from rl.learner.rank import Rank
 
     class Server:
         base_url = "http://fake"

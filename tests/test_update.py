@@ -1,4 +1,4 @@
-"""rl.update: ppo_step, sft_step and value_step on a tiny Qwen2 actor and critic (CPU).
+"""rl.learner.update: ppo_step, sft_step and value_step on a tiny Qwen2 actor and critic (CPU).
 
 Gradients are read through `Recorder`, an optimizer whose step copies the gradients and leaves
 the weights alone, so several steps can be compared on one pair of models.
@@ -13,10 +13,10 @@ import msgspec
 import pytest
 import torch
 
-from rl.models import ModelConfig, build_actor, build_critic, tiny_qwen2_config
-from rl.packing import micro_batches
+from rl.learner.models import ModelConfig, build_actor, build_critic, tiny_qwen2_config
+from rl.learner.packing import micro_batches
 from rl.samples import Sample
-from rl.update import (
+from rl.learner.update import (
     PPOConfig,
     advantages_and_returns,
     compute_values,
@@ -300,9 +300,9 @@ def _sgd(module):
 def _worker(out) -> None:
     import torch.distributed as dist
 
-    from rl.fsdp import close_distributed, full_state_items, init_distributed, shard
-    from rl.models import layers
-    from rl.packing import balance
+    from rl.learner.fsdp import close_distributed, full_state_items, init_distributed, shard
+    from rl.learner.models import layers
+    from rl.learner.packing import balance
 
     d = init_distributed()
     share = balance(batch(7, seed=4), d.world_size, d.rank)
@@ -334,7 +334,7 @@ def two_ranks(tmp_path_factory):
     result = torch.load(out / "result.pt", weights_only=False)
     actor, critic = _dist_models()
     ref = ppo_step(actor, critic, _sgd(actor), _sgd(critic), batch(7, seed=4), DIST_CFG, "cpu")
-    from rl.fsdp import hf_name, hf_submodule
+    from rl.learner.fsdp import hf_name, hf_submodule
 
     ref_after = []
     for m in (actor, critic):
@@ -373,8 +373,8 @@ if __name__ == "__main__":
 
 @pytest.mark.gpu
 def test_ppo_step_on_cuda_under_fsdp_bf16_mixed_precision():
-    from rl.fsdp import close_distributed, init_distributed, shard
-    from rl.models import layers
+    from rl.learner.fsdp import close_distributed, init_distributed, shard
+    from rl.learner.models import layers
 
     init_distributed()  # one rank
     try:

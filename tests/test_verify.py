@@ -1,6 +1,6 @@
 """Verification and the dynamic anti-hacking checks on the CPU.
 
-Pure-PyTorch candidates run in a real candidate child (`python -m rewards.candidate`) against
+Pure-PyTorch candidates run in a real candidate child (`python -m rewards.verify.candidate`) against
 a small Linear+ReLU task. Starting a child costs a torch import, so one child serves the module
 (the production path starts one per candidate; `CandidateProcess` restarts a dead one). The
 cheats that compute with torch set `allow_torch_compute` so that the check under test decides;
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from agentcore.types import Task
-from rewards.audit import (
+from rewards.verify.audit import (
     OpAudit,
     attribute,
     kernel_base,
@@ -27,15 +27,15 @@ from rewards.audit import (
     op_violations,
     task_allows_vendor,
 )
-from rewards.compare import check_output, is_constant, precision_error
-from rewards.inputs import VARIANTS, draw_inputs, load_task, plan_trials
-from rewards.judge import Judge, JudgeSettings
+from rewards.verify.compare import check_output, is_constant, precision_error
+from rewards.verify.inputs import VARIANTS, draw_inputs, load_task, plan_trials
+from rewards.verify.judge import Judge, JudgeSettings
 from rewards.reward import score
-from rewards.static_checks import check_workspace
+from rewards.static.checks import check_workspace
 from rewards.verdict import HackCategory as H
 from rewards.verdict import VerdictStatus as S
-from rewards.verify import CandidateProcess, VerifyConfig, VerifyRequest, run_verification, to_verify_result
-from rewards.verify_wire import KernelEvent, Loaded, Snapshot, TrialReport
+from rewards.verify.verifier import CandidateProcess, VerifyConfig, VerifyRequest, run_verification, to_verify_result
+from rewards.verify.wire import KernelEvent, Loaded, Snapshot, TrialReport
 
 FIXTURES = Path(__file__).parent / "fixtures"
 HONEST = sorted(p for p in (Path(__file__).resolve().parents[1] / "rl" / "demos").glob("*") if p.is_dir())
@@ -203,8 +203,8 @@ def test_hanging_forward_is_a_timeout(child, tmp_path):
 
 
 async def test_verify_job_runs_through_the_gpu_queue(tmp_path):
-    from rewards.gpu_queue import GpuQueue, GpuQueueConfig
-    from rewards.verify import verify_workspace
+    from rewards.queue.gpu_queue import GpuQueue, GpuQueueConfig
+    from rewards.verify.verifier import verify_workspace
 
     ws = tmp_path / "ws"
     ws.mkdir()

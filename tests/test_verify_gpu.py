@@ -23,10 +23,10 @@ import anyio
 import pytest
 
 from agentcore.types import Task
-from rewards.compile_pool import CompileConfig, CompilePool
+from rewards.build.compile_pool import CompileConfig, CompilePool
 from rewards.reward import score
 from rewards.verdict import HackCategory, Timing, VerdictStatus
-from rewards.verify import VerifyConfig, VerifyRequest, run_verification, verify_workspace
+from rewards.verify.verifier import VerifyConfig, VerifyRequest, run_verification, verify_workspace
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -117,7 +117,7 @@ async def test_final_mode_runs_more_trials_and_two_poison_pairs(pool, tmp_path):
 
 @pytest.mark.parametrize(("name", "honest"), [("l1_2_matmul_tiled", True), ("decoy_memcpy", False)])
 async def test_verify_handler_through_the_gpu_queue(pool, tmp_path, name, honest):
-    from rewards.gpu_queue import GpuQueue, GpuQueueConfig
+    from rewards.queue.gpu_queue import GpuQueue, GpuQueueConfig
 
     fixture = (HONEST[0].parent if honest else FIXTURES / "cheats_dynamic") / name
     ws = make_workspace(fixture, tmp_path / "ws")

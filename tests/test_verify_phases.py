@@ -16,12 +16,12 @@ import anyio
 import msgspec
 import pytest
 
-from bench.gpu_queue_real import JobRecord, job_phases, phase_summary
-from rewards.jobs import Job, JobResult, JobStatus, decode, encode
-from rewards.profile import Profile, ProfileRequest, Timed, time_candidate
-from rewards.timing import TimingConfig
+from bench.system.gpu_queue_real import JobRecord, job_phases, phase_summary
+from rewards.queue.jobs import Job, JobResult, JobStatus, decode, encode
+from rewards.timing.profile import Profile, ProfileRequest, Timed, time_candidate
+from rewards.timing.sampling import TimingConfig
 from rewards.verdict import Verdict, VerdictStatus
-from rewards.verify import (
+from rewards.verify.verifier import (
     CandidateProcess,
     VerifyConfig,
     VerifyRequest,
@@ -29,8 +29,8 @@ from rewards.verify import (
     run_verification,
     verdict_from_job,
 )
-from rewards.verify_phases import CHILD, Phases, process_age_ms, top_level_ms
-from rewards.verify_wire import Loaded, TrialReport, child_decoder
+from rewards.verify.phases import CHILD, Phases, process_age_ms, top_level_ms
+from rewards.verify.wire import Loaded, TrialReport, child_decoder
 
 TASK = """
 import torch
@@ -75,7 +75,7 @@ CHILD_PHASES = {"child.interpreter", "child.import", "child.warm_up", "child.sna
 @pytest.fixture(scope="module")
 def verify_job(tmp_path_factory) -> tuple[JobResult, Verdict]:
     """One CPU verify job through a real queue worker: its JobResult and decoded Verdict."""
-    from rewards.gpu_queue import GpuQueue, GpuQueueConfig
+    from rewards.queue.gpu_queue import GpuQueue, GpuQueueConfig
 
     root = tmp_path_factory.mktemp("phases")
     (root / "ws").mkdir()
@@ -213,7 +213,7 @@ def test_bench_phase_summary_is_mean_p50_max_per_phase_largest_first():
 
 
 def test_bench_summary_reports_phases_per_kind():
-    from bench.gpu_queue_real import summarize
+    from bench.system.gpu_queue_real import summarize
 
     records = [_record("verify", 1.0, 1.0, {"load": 100.0}), _record("profile", 1.0, 1.0, {"child": 50.0})]
     kinds = summarize(records)["kinds"]

@@ -411,7 +411,7 @@ def test_sync_tensor_sends_cuda_buckets_as_handles():
 
 async def test_embedded_engine_serves_the_synced_weights_and_version():
     from rl.engine import EmbeddedEngine, EmbeddedEngineConfig
-    from rl.models import tiny_qwen2_config
+    from rl.learner.models import tiny_qwen2_config
 
     hf = tiny_qwen2_config(vocab_size=128, hidden=32, intermediate=64, max_position=256)
     engine = EmbeddedEngine.from_hf_config(hf, EmbeddedEngineConfig(device="cpu"), seed=0)

@@ -1,4 +1,4 @@
-"""The zygote launcher of candidate and profile children (rewards.zygote; issue 3), on the CPU:
+"""The zygote launcher of candidate and profile children (rewards.queue.zygote; issue 3), on the CPU:
 with `child_launcher="zygote"` verifications give the verdicts "spawn" gives, each job gets a
 fresh child forked by the zygote with the spawned child's properties (own process group, the
 channel fds at their numbers and nothing else, the worker's resource limits), timeouts and
@@ -20,12 +20,12 @@ from pathlib import Path
 import anyio
 import pytest
 
-from rewards import zygote
-from rewards.jobs import Job, encode
-from rewards.profile import ProfileConfig, ProfileRequest, time_candidate
-from rewards.timing import TimingConfig
+from rewards.queue import zygote
+from rewards.queue.jobs import Job, encode
+from rewards.timing.profile import ProfileConfig, ProfileRequest, time_candidate
+from rewards.timing.sampling import TimingConfig
 from rewards.verdict import HackCategory, VerdictStatus
-from rewards.verify import (
+from rewards.verify.verifier import (
     CandidateProcess,
     VerifyConfig,
     VerifyRequest,
@@ -33,7 +33,7 @@ from rewards.verify import (
     run_verification,
     verdict_from_job,
 )
-from rewards.verify_phases import Phases
+from rewards.verify.phases import Phases
 
 TASK = """
 import torch
@@ -210,7 +210,7 @@ def test_a_zygote_that_cannot_start_means_spawn(tmp_path, monkeypatch, caplog):
     zygote.shutdown()
     monkeypatch.setattr(zygote.Zygote, "start", broken)
     child = CandidateProcess(tmp_path, launcher="zygote")
-    with caplog.at_level(logging.WARNING, logger="rewards.verify"):
+    with caplog.at_level(logging.WARNING, logger="rewards.verify.verifier"):
         child.start()
     try:
         assert isinstance(child.process, subprocess.Popen)
@@ -245,7 +245,7 @@ def test_profile_child_through_the_zygote_fails_the_same_way(tmp_path):
 def test_sandboxed_worker_keeps_its_zygote_from_job_to_job(tmp_path):
     """The worker's stray reaper (bwrap pid namespace) spares the zygote: both jobs' children
     have the same parent, and the second one imported nothing."""
-    from rewards.gpu_queue import GpuQueue, GpuQueueConfig
+    from rewards.queue.gpu_queue import GpuQueue, GpuQueueConfig
 
     ws = tmp_path / "ws"
     ws.mkdir()

@@ -32,7 +32,7 @@ import anyio
 
 from agentcore import runtime
 from bench.kernelbench.recheck import NoGpuError
-from bench.records import ProblemRecord
+from bench.system.records import ProblemRecord
 
 
 def _ints(text: str) -> tuple[int, ...]:

@@ -1,6 +1,6 @@
 """The KernelBench numbers of a benchmark run, computed from its per-problem records alone.
 
-What it is: `summarize(records)` turns `bench.records.ProblemRecord`s into a `Summary` per
+What it is: `summarize(records)` turns `bench.system.records.ProblemRecord`s into a `Summary` per
 (source, checkpoint): per level and overall, the pass rate, the faster-than-eager and
 faster-than-compile rates, the geometric-mean speedups over eager and over torch.compile, and
 KernelBench's fast_p curves; plus the outcome, verdict-status and hack-category counts.
@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 
 from msgspec import Struct
 
-from bench.records import ProblemRecord
+from bench.system.records import ProblemRecord
 
 COUNTED = ("scored", "no_candidate")
 FAST_P_GRID: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(61))  # 0, 0.05, ..., 3.0

@@ -2,7 +2,7 @@
 
 What it is: `recheck_baselines(config)` (behind `cuda-agent bench --recheck-baselines`) times the
 baselines of every selected problem again with rewards' own "baseline" GPU-queue job
-(`rewards.baselines.measure_baselines`, with the request the profile job builds from
+(`rewards.timing.baselines.measure_baselines`, with the request the profile job builds from
 `rewards.env.EnvConfig().profile`, the disk cache bypassed) on a GPU queue of its own that forks a
 fresh process per job (`fork_per_job`): no timing state of the first measurement survives into the
 second (the compile caches do, `CACHE_DIR`: both time the same compiled kernels).
@@ -10,7 +10,7 @@ The first measurement is the run's own (the problem's record has eager_ms and co
 the run timed nothing (no candidate reached profiling, e.g. rejected hacks), one more baseline job.
 One `RecheckRow` per problem goes to `OUT/baseline_recheck.jsonl` (fsynced; a rerun measures only
 problems without a good row) with both times and the ratios second / first; `summarize_recheck`
-gives the share within 10% (KernelBench's tolerance for a reproducible time, as `bench.timing`:
+gives the share within 10% (KernelBench's tolerance for a reproducible time, as `bench.system.timing`:
 max / min <= 1.10) and the worst problem, for the report.
 
 What it is not: new timing code (it reuses the baseline job) or a check of the candidates' times.
@@ -37,10 +37,10 @@ from msgspec import Struct
 
 from bench.kernelbench.config import BenchConfig
 from bench.kernelbench.problems import Problem, default_problems_path, load_problems
-from bench.records import read_records
+from bench.system.records import read_records
 
 if TYPE_CHECKING:
-    from rewards.gpu_queue import GpuQueue, GpuQueueConfig
+    from rewards.queue.gpu_queue import GpuQueue, GpuQueueConfig
 
 log = logging.getLogger("cuda-agent.bench")
 
@@ -59,7 +59,7 @@ MAX_COMPILE_THREADS = 8
 16 L3 problems left in session 7 took 13-54 s each with 8 on one H200, 20-150 s with 1 on four."""
 AGREE_RATIO = 1.10
 """Two times agree when the larger is at most 10% above the smaller."""
-BASELINE_HANDLER = "rewards.baselines:baseline"
+BASELINE_HANDLER = "rewards.timing.baselines:baseline"
 
 
 class NoGpuError(RuntimeError):
@@ -214,9 +214,9 @@ async def default_queue_config(config: BenchConfig) -> GpuQueueConfig:
 
 
 def _job(problem: Problem, attempt: int):
-    from rewards.baselines import BaselineRequest
+    from rewards.timing.baselines import BaselineRequest
     from rewards.env import EnvConfig
-    from rewards.jobs import Job, encode
+    from rewards.queue.jobs import Job, encode
 
     env = EnvConfig()
     c = env.profile  # the request the profile job builds: the run's baselines were timed with it
@@ -227,8 +227,8 @@ def _job(problem: Problem, attempt: int):
 
 
 async def _measure(queue: GpuQueue, problem: Problem, attempt: int) -> _Times:
-    from rewards.baselines import Baselines
-    from rewards.jobs import JobStatus, decode
+    from rewards.timing.baselines import Baselines
+    from rewards.queue.jobs import JobStatus, decode
 
     result = await queue.submit(_job(problem, attempt))
     if result.status is not JobStatus.OK:
@@ -274,7 +274,7 @@ def _firsts(config: BenchConfig, out: Path) -> dict[tuple[int, int], tuple[float
 async def recheck_baselines(config: BenchConfig, *, queue_config: GpuQueueConfig | None = None) -> list[RecheckRow]:
     """Measure what is missing from OUT/baseline_recheck.jsonl; returns the selected problems'
     rows. `queue_config` replaces `default_queue_config` (tests fake the baseline handler)."""
-    from rewards.gpu_queue import GpuQueue
+    from rewards.queue.gpu_queue import GpuQueue
 
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)

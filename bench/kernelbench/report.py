@@ -27,7 +27,7 @@ from bench.kernelbench.metrics import FAST_P_SHOWN, LevelMetrics, Summary, summa
 from bench.kernelbench.paper import PAPER_ROWS, SOURCE, PaperRow
 from bench.kernelbench.recheck import RECHECK_FILE, RecheckRow, RecheckSummary, agrees, read_recheck, summarize_recheck
 from bench.kernelbench.run_stats import RUN_STATS_FILE, MachineUse, read_run_stats, summarize_run_stats
-from bench.records import ProblemRecord
+from bench.system.records import ProblemRecord
 
 REPORT_FILE = "report.md"
 SUMMARY_FILE = "summary.json"

@@ -56,7 +56,7 @@ from bench.kernelbench.problems import Problem, default_problems_path, load_prob
 from bench.kernelbench.replay import Solution, find_solutions, group_of, replay_engine
 from bench.kernelbench.run_stats import RUN_STATS_FILE, DepthSampler, write_run_stats
 from bench.kernelbench.wrappers import write_wrappers
-from bench.records import ProblemRecord, append_record, read_records
+from bench.system.records import ProblemRecord, append_record, read_records
 
 log = logging.getLogger("cuda-agent.bench")
 

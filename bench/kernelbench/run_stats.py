@@ -6,7 +6,7 @@ appends one JSON line per run or resumed run (wall time, problems recorded, the 
 and the GPU queue's `statistics()`, the sampled depth); `summarize_run_stats` folds the lines of
 each checkpoint into a `MachineUse`: wall time and problems summed over resumed runs, problems per
 hour, busy fraction per GPU lane (weighted by each run's queue uptime), jobs, jobs/s, restarts,
-timeouts, crashes, queue depth. What it is not: the per-problem records (`bench.records`) or the
+timeouts, crashes, queue depth. What it is not: the per-problem records (`bench.system.records`) or the
 metrics of the solutions (`bench.kernelbench.metrics`).
 
 Example:

@@ -45,7 +45,7 @@ import msgspec
 import orjson
 
 from bench.kernelbench.metrics import scalars, summarize
-from bench.records import ProblemRecord
+from bench.system.records import ProblemRecord
 
 log = logging.getLogger("cuda-agent.bench.watch")
 
@@ -124,7 +124,7 @@ class ExportFailed(Exception):
 
 async def export_in_subprocess(run_dir: Path, ckpt: Path, out: Path, *, timeout_s: float, dtype: str) -> Path:
     """Export checkpoint `ckpt` of `run_dir` to `out` in a fresh CPU-only process."""
-    from rewards.subprocesses import run_process
+    from rewards.build.subprocesses import run_process
 
     env = ["env", "CUDA_VISIBLE_DEVICES=", f"PYTHONPATH={_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"]
     argv = env + [sys.executable, "-m", "bench.kernelbench.watch", "_export", str(run_dir), str(ckpt), str(out),
@@ -145,9 +145,9 @@ def export_checkpoint(run_dir: Path, ckpt: Path, out: Path, dtype: str = "bfloat
     (any world size: DCP reshards), write the HF directory with the run's tokenizer."""
     import torch
 
-    from rl import checkpoint
+    from rl.learner import checkpoint
     from rl.config import load_config
-    from rl.models import build_actor
+    from rl.learner.models import build_actor
 
     cfg = load_config(run_dir)
     tokenizer = cfg.data.tokenizer or cfg.model.path
@@ -278,7 +278,7 @@ async def _one(run_dir: Path, step: int, ckpt: Path, config: Any, board: _Board,
 def _report(out: Path) -> None:
     """report.md over every checkpoint benchmarked so far; a drawing failure is only logged."""
     from bench.kernelbench.report import write_report
-    from bench.records import read_records
+    from bench.system.records import read_records
 
     try:
         write_report(out, read_records(out / "records.jsonl"))

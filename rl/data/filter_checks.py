@@ -99,7 +99,7 @@ class CandidateRun:
     def load(self) -> None:
         import torch
 
-        from rewards.inputs import draw_inputs, load_task
+        from rewards.verify.inputs import draw_inputs, load_task
 
         c = self.config
         if self.device == "cuda":
@@ -167,7 +167,7 @@ class CandidateRun:
 
     def _check_sensitivity(self, out: list) -> None:
         """Outputs for the task's inputs, a second seed, signed and scaled draws differ pairwise."""
-        from rewards.inputs import derive_seed, draw_inputs, trial_scale
+        from rewards.verify.inputs import derive_seed, draw_inputs, trial_scale
 
         c = self.config
         outs = [out]
@@ -200,7 +200,7 @@ class CandidateRun:
             raise Reject("too_slow", f"eager {ms:.4g} ms > {c.max_ms:g} ms")
 
     def _time_cuda(self) -> None:
-        from rewards.baselines import measure_model
+        from rewards.timing.baselines import measure_model
 
         try:
             m = measure_model(self.model, lambda i: tuple(self.inputs), self.config.timing)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from msgspec import Struct
 
-from rewards.timing import TimingConfig
+from rewards.timing.sampling import TimingConfig
 
 KIND = "synth_filter"
 HANDLER = "rl.data.filters:filter_job"

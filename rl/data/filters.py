@@ -15,12 +15,12 @@ cheapest first; the first failing one is the rejection (`FilterResult.reason`, o
                  agrees (dropout, rand in forward, RReLU differ)
     non_constant the output is not one value (within atol/rtol)        constant_output
     input_sensitive outputs for inputs drawn from several distributions   input_independent
-                 (the task's own, signed, scaled: `rewards.inputs`) differ pairwise
+                 (the task's own, signed, scaled: `rewards.verify.inputs`) differ pairwise
                  beyond atol/rtol, so a replayed or cached answer cannot pass
     runtime      eager time in [min_ms, max_ms]                         too_fast / too_slow
     compile      torch.compile runs and matches eager within atol/rtol  compile_error / compile_mismatch
 
-Timing: on CUDA `rewards.timing.measure` (CUDA events, L2 flush) with a short `TimingConfig`;
+Timing: on CUDA `rewards.timing.gpu_timer.measure` (CUDA events, L2 flush) with a short `TimingConfig`;
 on CPU a host timer (median of `host_repeats` calls), for tests and CPU lanes with a wider window.
 Several lanes may share one GPU (`synth` opens one queue per lane): `gpu_lock` names a file whose
 exclusive flock is held while this job runs the model, so two jobs' GPU work and timings never
@@ -47,7 +47,7 @@ import uuid
 from collections.abc import Iterator
 
 from agentcore.types import Task
-from rewards.jobs import Job, JobContext, JobStatus, decode, encode
+from rewards.queue.jobs import Job, JobContext, JobStatus, decode, encode
 from rl.data.filter_checks import CandidateRun, Reject
 from rl.data.filter_types import (
     HANDLER,
@@ -146,7 +146,7 @@ def result_from_job(status: JobStatus, value: bytes, error: str) -> FilterResult
 
 async def filter_on_queue(queue, task: Task, config: FilterConfig = FilterConfig(), *,
                           deadline_s: float | None = 300.0) -> FilterResult:
-    """Run the filters of `task` on `queue` (a `rewards.gpu_queue.GpuQueue` with `HANDLER` registered)."""
+    """Run the filters of `task` on `queue` (a `rewards.queue.gpu_queue.GpuQueue` with `HANDLER` registered)."""
     request = FilterRequest(task_id=task.task_id, source=task.source, config=config)
     job = Job(job_id=f"filter-{task.task_id}-{uuid.uuid4().hex[:8]}", kind=KIND, payload=encode(request),
               deadline_s=deadline_s)

@@ -48,7 +48,7 @@ from msgspec import Struct
 from agentcore.engine import Engine
 from agentcore.tasks import check_source
 from agentcore.types import Task
-from rewards.gpu_queue import GpuQueue, GpuQueueConfig
+from rewards.queue.gpu_queue import GpuQueue, GpuQueueConfig
 from rl.data import compose as composition
 from rl.data.filters import HANDLER, KIND, FilterConfig, FilterResult, filter_on_queue
 from rl.data.llm_compose import LlmComposeConfig, Prompter, llm_compose

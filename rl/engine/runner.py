@@ -1,7 +1,7 @@
 """The model side of the embedded engine: prefill, decode and weight copies on one device.
 
 What it is: `ModelRunner(model, config)` places a HF causal LM on the engine's device in its
-dtype (`rl.models.place_model`: fp32 buffers such as RoPE's `inv_freq` stay fp32) and runs the
+dtype (`rl.learner.models.place_model`: fp32 buffers such as RoPE's `inv_freq` stay fp32) and runs the
 model work that `EmbeddedEngine` hands to its worker thread: `prefill(batch, rows)` (left-padded
 groups under `max_prefill_tokens`, merged into the running batch), `decode_chunk(batch)` (sample
 one token per row per step, retire finished rows), `copy_weights(items)` and `move_weights(device)`.
@@ -30,7 +30,7 @@ from rl.engine.batch import Batch as _Batch
 from rl.engine.batch import Request as _Request
 from rl.engine.batch import sample
 from rl.engine.config import EmbeddedEngineConfig
-from rl.models import place_model
+from rl.learner.models import place_model
 
 _SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 

@@ -1,5 +1,5 @@
 """A GPU-queue "inductor_compile" handler for CPU tests: torch.compile in the worker process itself,
-as `rewards.baselines` does for the torch.compile baseline, on CPU tensors.
+as `rewards.timing.baselines` does for the torch.compile baseline, on CPU tensors.
 
 Each job compiles a function made from source text unique to its payload (a fresh code object,
 its own shape, caches off), so Inductor really compiles every time. Then it does what Inductor
@@ -19,7 +19,7 @@ import operator
 
 from msgspec import Struct
 
-from rewards.jobs import JobContext, decode, encode
+from rewards.queue.jobs import JobContext, decode, encode
 
 
 class CompileArgs(Struct, frozen=True, kw_only=True):

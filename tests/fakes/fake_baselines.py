@@ -1,4 +1,4 @@
-"""A GPU-queue "baseline" handler for CPU tests: answers a real `rewards.baselines.Baselines` with
+"""A GPU-queue "baseline" handler for CPU tests: answers a real `rewards.timing.baselines.Baselines` with
 times read from the task source instead of timing it on a GPU (the one edge a CPU box lacks).
 
 A task source may carry `# fake_baseline eager_ms=2.0 compile_ms=1.0 drift=0.3 fail=0`: the first
@@ -13,9 +13,9 @@ import os
 import re
 from pathlib import Path
 
-from rewards.baselines import BaselineRequest, Baselines, SubjectRun, make_key, task_sha256
-from rewards.jobs import JobContext, decode, encode
-from rewards.timing import Measurement, TimingConfig
+from rewards.timing.baselines import BaselineRequest, Baselines, SubjectRun, make_key, task_sha256
+from rewards.queue.jobs import JobContext, decode, encode
+from rewards.timing.sampling import Measurement, TimingConfig
 from rewards.verdict import Timing
 
 METHOD = "cuda_graph"

@@ -1,0 +1,57 @@
+"""The GPU queue's configuration: GPUs, sandbox, worker interpreter and limits.
+
+Its own module so that the queue (`rewards.queue.gpu_queue`) and the worker's command line
+(`rewards.queue.worker_command`) both import it without importing each other.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from msgspec import Struct
+
+_SECRETS = (
+    "~/.ssh ~/.aws ~/.netrc ~/.git-credentials ~/.docker ~/.config/gcloud ~/.kaggle ~/.cache/huggingface"
+)
+SECRET_PATHS = tuple(os.path.expanduser(p) for p in _SECRETS.split())  # workers may run as root
+
+
+class GpuQueueConfig(Struct, frozen=True, kw_only=True):
+    gpus: tuple[int, ...] = ()
+    """GPU indices, one lane each; empty: every GPU torch sees, counted in a subprocess."""
+    sandbox: bool = False
+    """Run each worker inside bubblewrap: read-only host, no network, only its scratch writable."""
+    bwrap_path: str = "bwrap"
+    """The bubblewrap binary, a name on PATH or a path."""
+    hidden_paths: tuple[str, ...] = SECRET_PATHS
+    """Paths the sandbox covers (add the tasks' reference dir and the workspaces root)."""
+    scratch_root: str = ""
+    """Parent of the per-lane scratch dirs; empty: a temp dir the queue makes and removes."""
+    job_default_deadline_s: float = 600.0
+    """Watchdog deadline of a job that sets none."""
+    worker_start_timeout_s: float = 120.0
+    """How long a fresh worker may take to import its preloads and report ready."""
+    python: str = sys.executable
+    """The interpreter that runs `rewards.queue.worker`."""
+    fork_per_job: bool = False
+    """The worker forks a fresh child per job (a zygote) instead of running jobs itself."""
+    compile_threads: int = 1
+    """Inductor's compile processes per job (TORCHINDUCTOR_COMPILE_THREADS). Above 1 only with
+    `fork_per_job`: a long-lived worker would keep the pool's pipe to processes that the
+    sandbox's stray reaper kills after each job; a forked child's pool goes with the child."""
+    preload: tuple[str, ...] = ()
+    """Modules a worker imports once at start, e.g. ("torch",); importing must not init CUDA."""
+    handlers: dict[str, str] = {}
+    """Extra job kinds, "kind" -> "module:function", over `rewards.queue.jobs.HANDLERS`."""
+    file_size_mib: int = 4096
+    """Largest file a sandboxed job may write (RLIMIT_FSIZE), in MiB."""
+    env: dict[str, str] = {}
+    """Extra environment of the workers, over the defaults of `worker_env` (e.g. a persistent
+    Inductor cache for a queue that runs trusted reference code only)."""
+    writable_paths: tuple[str, ...] = ()
+    """Host directories a sandboxed worker may write besides its scratch (made if missing). Never
+    one that a candidate's job may write to and a later job trusts."""
+
+
+__all__ = ["SECRET_PATHS", "GpuQueueConfig"]

@@ -1,0 +1,315 @@
+"""`GpuQueue`: the async queue through which verify, profile, baseline and final-evaluation jobs
+reach the GPUs, one job per GPU at a time.
+
+What it is: one lane per GPU, each a `rewards.queue.worker` process started in its own session with
+CUDA_VISIBLE_DEVICES pinned, optionally inside bubblewrap. `submit(job)` waits, first come first
+served, for a free lane (any lane, or the GPU asked for), runs the job under a watchdog and
+returns a `JobResult`. A worker that timed out, crashed or poisoned its CUDA context is killed
+with its whole process group and replaced in the background; the result goes back at once.
+
+What it is not: it knows nothing of what a job does (handlers do, see `rewards.queue.jobs`), and it
+never touches CUDA itself, not even to count GPUs (a subprocess does that).
+
+Topology, one task group owned by `async with GpuQueue(config)`:
+
+    submit() --acquire--> Dispatcher: free lanes + FIFO of waiters (a pinned one takes only its lane)
+       |                    ^ release: job done, worker healthy    ^ release: fresh worker ready
+       +-- holds the lane: Job frame --> worker [bwrap] --> handler(payload, ctx) --> JobResult frame
+    task group
+       +-- one task per lane: start worker, release lane, wait until the worker is retired, repeat
+             +-- per worker: stderr drain (bounded tail), exit watcher
+
+The sandbox (`sandbox=True`): the host filesystem read-only, a private read-only /tmp, the lane's
+scratch dir the only writable place, `hidden_paths` covered, no network, private pid/ipc/uts/user
+namespaces, the GPU device nodes bound, a filtered environment. Each worker keeps one sandbox for
+its lifetime, so per-job inputs travel in `Job.files` rather than as bind mounts.
+
+Parts: `rewards.queue.worker_command` (the worker's command line, sandbox and environment),
+`rewards.queue.lanes` (worker process, lane, dispatcher); this module is the queue and its config.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Self
+
+import anyio
+import anyio.abc
+import msgspec
+from msgspec import Struct
+
+from rewards.queue.config import SECRET_PATHS, GpuQueueConfig
+from rewards.queue.lanes import BROKEN, Dispatcher, Lane, QueueClosed, WorkerProcess
+from rewards.queue.jobs import (
+    Job,
+    JobResult,
+    JobStatus,
+    QueueStatistics,
+    encode,
+    ready_decoder,
+    result_decoder,
+)
+from rewards.queue.worker_command import count_gpus, worker_argv, worker_env
+
+log = logging.getLogger(__name__)
+
+_START_ATTEMPTS = 3  # a lane that cannot start a worker this many times in a row is broken
+_REAP_WAIT_S = 5.0  # a SIGKILLed process stuck in the driver (D state) is not waited on forever
+class WorkerStartError(RuntimeError):
+    """A lane could not start a worker `_START_ATTEMPTS` times in a row: broken infrastructure."""
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class GpuQueue:
+    """Jobs to GPU worker processes, one job per GPU at a time, with a watchdog and restarts.
+
+    Example:
+        config = GpuQueueConfig(gpus=(0, 1), sandbox=True, hidden_paths=SECRET_PATHS + (tasks_dir,))
+        async with GpuQueue(config) as queue:
+            result = await queue.submit(Job(job_id="t3-verify-1", kind="verify", payload=payload))
+            if result.status is JobStatus.OK:
+                verdict = decode(result.value, Verdict)
+            log.info("gpu queue %s", queue.statistics())
+    """
+
+    def __init__(self, config: GpuQueueConfig = GpuQueueConfig()) -> None:
+        if len(set(config.gpus)) != len(config.gpus):
+            raise ValueError(f"each GPU takes one lane: {config.gpus}")
+        self.config = config
+        self._dispatcher = Dispatcher()
+        self._lanes: list[Lane] = []
+        self._closed = False
+        self._started = time.monotonic()
+        self._stack = AsyncExitStack()
+        self._own_scratch: str | None = None
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return tuple(lane.gpu for lane in self._lanes)
+
+    async def __aenter__(self) -> Self:
+        gpus = self.config.gpus or tuple(range(await count_gpus(self.config.python)))
+        if not gpus:
+            raise RuntimeError("GpuQueue: no GPUs (config.gpus is empty and torch sees none)")
+        root = self._scratch_root()
+        self._lanes = [Lane(gpu, root / f"gpu{gpu}") for gpu in gpus]
+        for lane in self._lanes:
+            lane.scratch.mkdir(parents=True, exist_ok=True)
+        self._tg = await self._stack.enter_async_context(anyio.create_task_group())
+        self._started = time.monotonic()
+        try:
+            async with anyio.create_task_group() as boot:  # start the lanes' workers together
+                for lane in self._lanes:
+                    boot.start_soon(self._tg.start, self._run_lane, lane)
+        except BaseException as exc:
+            await self.__aexit__(None, None, None)
+            if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+                raise exc.exceptions[0] from None
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info) -> bool | None:
+        self._closed = True
+        self._dispatcher.close()
+        self._tg.cancel_scope.cancel()
+        try:
+            return await self._stack.__aexit__(*exc_info)
+        except BaseExceptionGroup as group:
+            if exc_info[1] is not None and group.exceptions == (exc_info[1],):
+                return False  # the body's own exception, unwrapped: the caller sees what it raised
+            raise
+        finally:
+            if self._own_scratch:
+                shutil.rmtree(self._own_scratch, ignore_errors=True)
+
+    async def submit(self, job: Job, *, gpu: int | None = None) -> JobResult:
+        """Run `job` on a free lane (or on lane `gpu`), waiting first come first served. What the
+        job did is never an exception: timeouts, crashes and poisoned contexts are statuses.
+        Raises QueueClosed if the queue shuts down first."""
+        wanted = self._lane(gpu)
+        queued = time.monotonic()
+        lane = await self._dispatcher.acquire(wanted)
+        worker = lane.worker
+        lane.begin()
+        held = time.monotonic()
+        result, reusable = None, False
+        try:
+            result, reusable = await self._run(job, worker)
+        finally:
+            lane.end(result.status if result else None)
+            if reusable and not worker.exited:
+                self._dispatcher.release(lane)
+            else:  # also when cancelled mid-job: the worker may still be running it
+                worker.retire()
+        wall_s = time.monotonic() - held
+        return msgspec.structs.replace(
+            result, worker_pid=worker.pid, gpu=lane.gpu, wall_s=wall_s, wait_s=held - queued
+        )
+
+    def statistics(self) -> QueueStatistics:
+        now = time.monotonic()
+        uptime_s = max(now - self._started, 1e-9)
+        lanes = tuple(lane.statistics(now, uptime_s, self._dispatcher.depth(lane)) for lane in self._lanes)
+        jobs_done = sum(s.jobs_done for s in lanes)
+        return QueueStatistics(
+            lanes=lanes,
+            depth=self._dispatcher.depth(),
+            busy_fraction=sum(s.busy_fraction for s in lanes) / max(len(lanes), 1),
+            jobs_done=jobs_done,
+            jobs_per_s=jobs_done / uptime_s,
+            restarts=sum(s.restarts for s in lanes),
+            timeouts=sum(s.timeouts for s in lanes),
+            crashes=sum(s.crashes for s in lanes),
+            poisoned=sum(s.poisoned for s in lanes),
+            uptime_s=uptime_s,
+        )
+
+    # -- running a job --------------------------------------------------------------------------
+
+    def _lane(self, gpu: int | None) -> Lane | None:
+        if self._closed:
+            raise QueueClosed("the GPU queue is shut down")
+        if gpu is None:
+            return None
+        for lane in self._lanes:
+            if lane.gpu == gpu:
+                return lane
+        raise ValueError(f"no lane for gpu {gpu}; lanes: {self.gpus}")
+
+    async def _run(self, job: Job, worker: WorkerProcess) -> tuple[JobResult, bool]:
+        """The result, and whether the worker may take the next job."""
+        deadline_s = job.deadline_s if job.deadline_s is not None else self.config.job_default_deadline_s
+        job = msgspec.structs.replace(job, deadline_s=deadline_s)  # handlers may budget by it
+        del worker.tail[:]  # the stderr tail of a failure should be this job's
+        message = None
+        with anyio.move_on_after(deadline_s) as watchdog:
+            try:
+                await worker.send(encode(job))
+            except BROKEN:
+                pass  # it died: receive() sees the end of file
+            message = await worker.receive()
+        if watchdog.cancelled_caught:
+            worker.kill()
+            error = f"killed at its {deadline_s:g} s deadline; {await worker.last_words()}"
+            return JobResult(job_id=job.job_id, status=JobStatus.TIMEOUT, error=error), False
+        result = _decode_result(job, message)
+        if result is None:
+            if self._closed:
+                raise QueueClosed("the GPU queue shut down while the job ran")
+            worker.kill()
+            error = await worker.last_words()
+            return JobResult(job_id=job.job_id, status=JobStatus.CRASHED, error=error), False
+        # A worker that poisoned its context has exited; a zygote only lost the child.
+        return result, result.status is not JobStatus.CUDA_POISONED or self.config.fork_per_job
+
+    # -- lanes and their workers ----------------------------------------------------------------
+
+    def _scratch_root(self) -> Path:
+        if self.config.scratch_root:
+            return Path(self.config.scratch_root)
+        self._own_scratch = tempfile.mkdtemp(prefix="gpu-queue-")
+        return Path(self._own_scratch)
+
+    async def _run_lane(self, lane: Lane, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        """Keeps one worker alive in `lane`: start, serve until retired, replace; forever."""
+        failures, started = 0, False
+        try:
+            while True:
+                began = time.monotonic()
+                error = await self._serve_one_worker(lane, began, started, task_status)
+                if error is None:
+                    failures, started = 0, True
+                    continue
+                failures += 1
+                log.warning("gpu %d: no worker (%d/%d): %s", lane.gpu, failures, _START_ATTEMPTS, error)
+                if failures >= _START_ATTEMPTS:
+                    raise WorkerStartError(f"gpu {lane.gpu}: no worker after {failures} attempts: {error}")
+                await anyio.sleep(0.5 * failures)
+        except BaseException:
+            self._dispatcher.close()  # waiters must not wait for a queue that is going away
+            raise
+
+    async def _serve_one_worker(self, lane: Lane, began: float, started: bool, task_status) -> str | None:
+        """One worker's life; returns why it failed to start, or None once it has served."""
+        try:
+            process = await anyio.open_process(
+                worker_argv(self.config, lane.gpu, lane.scratch),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=lane.scratch,
+                env=worker_env(self.config, lane.gpu, lane.scratch),
+                start_new_session=True,  # its own process group: one killpg ends it all
+            )
+        except OSError as exc:
+            return f"cannot start the worker: {exc}"
+        worker = WorkerProcess(process)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(worker.drain_stderr)
+                error = await self._wait_ready(worker)
+                if error is None:
+                    lane.worker = worker
+                    if started:
+                        lane.restarts += 1
+                        lane.restart_s += time.monotonic() - began
+                    else:
+                        task_status.started()
+                    tg.start_soon(self._watch_exit, lane, worker)
+                    self._dispatcher.release(lane)
+                    await worker.retired.wait()
+                    self._dispatcher.withdraw(lane)
+                tg.cancel_scope.cancel()
+        finally:
+            worker.kill()
+            with anyio.move_on_after(_REAP_WAIT_S, shield=True):
+                await process.aclose()
+        return error
+
+    async def _wait_ready(self, worker: WorkerProcess) -> str | None:
+        with anyio.move_on_after(self.config.worker_start_timeout_s) as timer:
+            message = await worker.receive()
+        if timer.cancelled_caught:
+            worker.kill()
+            return f"not ready within {self.config.worker_start_timeout_s:g} s; {await worker.last_words()}"
+        if message is None:
+            return await worker.last_words()
+        try:
+            ready_decoder.decode(message)
+        except msgspec.DecodeError as exc:
+            worker.kill()
+            return f"unreadable ready frame ({exc})"
+        return None
+
+    async def _watch_exit(self, lane: Lane, worker: WorkerProcess) -> None:
+        await worker.process.wait()
+        worker.exited = True
+        if self._dispatcher.withdraw(lane):  # died while idle: no submitter will see its EOF
+            log.warning("gpu %d: idle worker %d exited", lane.gpu, worker.pid)
+            worker.retire()
+
+
+def _decode_result(job: Job, message: bytes | None) -> JobResult | None:
+    """The worker's result, or None for a missing, unreadable or mismatched frame."""
+    if message is None:
+        return None
+    try:
+        result = result_decoder.decode(message)
+    except msgspec.DecodeError:
+        log.warning("job %s: undecodable result frame", job.job_id)
+        return None
+    return result if result.job_id == job.job_id else None
+
+
+__all__ = ["SECRET_PATHS", "GpuQueue", "GpuQueueConfig", "QueueClosed", "WorkerStartError", "count_gpus",
+           "worker_argv", "worker_env"]

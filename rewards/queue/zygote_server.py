@@ -1,0 +1,234 @@
+"""The zygote process itself: pre-load, then fork one child per request (issue 3).
+
+What it is: the process side of rewards.queue.zygote, started by `Zygote.start` as
+`python -P -s -m rewards.queue.zygote --socket-fd N --parent-pid P` (that module's `__main__` hands over
+to `main` here). It imports PRELOAD once, WITHOUT initialising CUDA, says `Ready`, then serves the
+socket: for each `Fork` (module, argv, cwd, environment, resource limits; the log and channel fds
+attached with SCM_RIGHTS) it forks a fresh child, which puts those fds at the numbers the worker
+gave them, takes its own process group, chdirs, applies the limits and runs the module's
+`main(argv)`, exactly what `python -m <module> <argv>` runs; each child's exit is reported back as
+`Exited`. This module also owns that wire protocol (the Structs below), which both sides share.
+
+What it is not: the trusted client (`launch`, `Zygote`, `ForkedProcess` live in rewards.queue.zygote),
+and it never sees candidate code, the hidden seed or trusted tensors: it only holds imported
+modules. It never initialises CUDA and refuses to fork if something has.
+
+How it is used: never imported by hand. rewards.queue.zygote imports the protocol from here; the zygote
+process runs `main`; forked children run `_run_child` and exit without returning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import importlib
+import os
+import resource
+import select
+import signal
+import socket
+import sys
+import traceback
+from collections.abc import Sequence
+
+import msgspec
+from msgspec import Struct
+
+PRELOAD = ("torch", "torch._dynamo", "torch.profiler", "rewards.verify.candidate", "rewards.timing.profile_child")
+CHILD_MODULES = ("rewards.verify.candidate", "rewards.timing.profile_child")
+MAX_MESSAGE = 1 << 18  # one Fork: argv, env, limits (a few KiB)
+MAX_FDS = 16
+
+
+# ---------------------------------------------------------------------------------------------
+# The protocol on the socket (SOCK_SEQPACKET: one message per send, fds attached to a Fork).
+
+
+class Fork(Struct, frozen=True, kw_only=True, tag="fork"):
+    module: str
+    args: tuple[str, ...]
+    cwd: str
+    env: dict[str, str]
+    pass_fds: tuple[int, ...]  # the numbers the attached fds (after the log) get in the child
+    rlimits: dict[str, tuple[int, int]]
+
+
+class Ready(Struct, frozen=True, kw_only=True, tag="ready"):
+    pid: int
+    threads: int
+    cuda_initialized: bool
+
+
+class Forked(Struct, frozen=True, kw_only=True, tag="forked"):
+    pid: int
+
+
+class Failed(Struct, frozen=True, kw_only=True, tag="failed"):
+    error: str
+
+
+class Exited(Struct, frozen=True, kw_only=True, tag="exited"):
+    pid: int
+    code: int  # as Popen.returncode: negative for a signal
+
+
+encode = msgspec.msgpack.encode
+request_decoder = msgspec.msgpack.Decoder(Fork)
+reply_decoder = msgspec.msgpack.Decoder(Ready | Forked | Failed | Exited)
+
+
+# ---------------------------------------------------------------------------------------------
+# The zygote.
+
+
+def _die_with(parent_pid: int) -> None:
+    """SIGKILL when our parent dies (PR_SET_PDEATHSIG); exit now if it already has."""
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def serve(sock: socket.socket) -> int:
+    """Fork on each request, report each child's exit; return when the worker closes the socket."""
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    children: dict[int, int] = {}  # pidfd -> pid
+    while True:
+        for fd, _ in poller.poll():
+            if fd != sock.fileno():
+                pid = children.pop(fd)
+                poller.unregister(fd)
+                os.close(fd)
+                _, status = os.waitpid(pid, 0)
+                sock.send(encode(Exited(pid=pid, code=os.waitstatus_to_exitcode(status))))
+                continue
+            try:
+                data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
+            except OSError:
+                data, fds = b"", []
+            if not data:
+                return 0
+            reply = _fork(data, fds, sock)
+            if isinstance(reply, Forked):
+                pidfd = os.pidfd_open(reply.pid)
+                children[pidfd] = reply.pid
+                poller.register(pidfd, select.POLLIN)
+            sock.send(encode(reply))
+
+
+def _fork(data: bytes, fds: list[int], sock: socket.socket) -> Forked | Failed:
+    try:
+        request = request_decoder.decode(data)
+        if request.module not in CHILD_MODULES or len(fds) != 1 + len(request.pass_fds):
+            return Failed(error=f"bad request: {request.module}, {len(fds)} fds")
+        if sys.modules["torch"].cuda.is_initialized():  # a forked child would share the context
+            return Failed(error="CUDA is initialised in the zygote")
+        for stream in (sys.stdout, sys.stderr):  # nothing of ours may reach the child's log
+            stream.flush()
+        zygote_pid = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            _run_child(request, fds, sock, zygote_pid)
+        try:
+            os.setpgid(pid, pid)  # also here: the worker may killpg before the child has run
+        except OSError:
+            pass
+        return Forked(pid=pid)
+    except Exception as exc:  # noqa: BLE001 - a bad request is answered, the zygote lives on
+        return Failed(error="".join(traceback.format_exception_only(exc)))
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------------
+# The forked child.
+
+
+def _run_child(request: Fork, fds: list[int], sock: socket.socket, zygote_pid: int) -> None:
+    """In the forked child: become what `python -m module args` would be, run it, exit."""
+    code = 1
+    try:
+        os.setpgid(0, 0)
+        _die_with(zygote_pid)
+        sock.detach()  # its fd is closed below with the rest; the object must not close a reused number
+        _place_fds(fds[0], fds[1:], request.pass_fds)
+        for name, (soft, hard) in request.rlimits.items():  # the worker's limits as they are now
+            if resource.getrlimit(getattr(resource, name)) != (soft, hard):
+                resource.setrlimit(getattr(resource, name), (soft, hard))
+        os.chdir(request.cwd)
+        os.environ.clear()
+        os.environ.update(request.env)
+        _reseed()
+        module = sys.modules[request.module]
+        from rewards.verify.phases import process_age_ms
+
+        # The child's own account (rewards.verify.phases): its process is new, its imports free.
+        module._STARTUP_MS.clear()
+        module._STARTUP_MS.update({"interpreter": process_age_ms(), "import": 0.0})
+        sys.argv = [module.__file__, *request.args]
+        code = module.main(list(request.args))
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException:  # noqa: BLE001 - as an uncaught exception at the top of `python -m`
+        traceback.print_exc()
+        code = 1
+    finally:
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code or 0)
+
+
+def _place_fds(log_fd: int, received: Sequence[int], targets: Sequence[int]) -> None:
+    """stdin /dev/null, stdout and stderr the log, each received fd at its target number (as
+    Popen's pass_fds), every other fd closed (as close_fds=True)."""
+    high = max([log_fd, *received, *targets, 2]) + 1
+    moved = [os.dup2(fd, high + i, inheritable=True) for i, fd in enumerate([log_fd, *received])]
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(moved[0], 1)
+    os.dup2(moved[0], 2)
+    for fd, target in zip(moved[1:], targets):
+        os.dup2(fd, target, inheritable=True)
+    keep = sorted({0, 1, 2, *targets})
+    for low, up in zip(keep, [*keep[1:], resource.getrlimit(resource.RLIMIT_NOFILE)[0]]):
+        os.closerange(low + 1, up)
+
+
+def _reseed() -> None:
+    """A spawned child draws fresh entropy at start; forked ones would share the zygote's state
+    (Python's `random` reseeds itself after fork; numpy's legacy global state does not)."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The zygote process: `python -P -s -m rewards.queue.zygote --socket-fd N --parent-pid P`."""
+    parser = argparse.ArgumentParser(prog="python -m rewards.queue.zygote", description=__doc__.split("\n")[0])
+    parser.add_argument("--socket-fd", type=int, required=True)
+    parser.add_argument("--parent-pid", type=int, required=True)
+    args = parser.parse_args(argv)
+    _die_with(args.parent_pid)
+    sock = socket.socket(fileno=args.socket_fd)
+    for name in PRELOAD:
+        importlib.import_module(name)
+    torch = sys.modules["torch"]
+    gc.freeze()  # children copy fewer pages: the collector leaves the preloaded objects alone
+    sock.send(encode(Ready(pid=os.getpid(), threads=_threads(), cuda_initialized=torch.cuda.is_initialized())))
+    return serve(sock)
+

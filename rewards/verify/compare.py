@@ -1,0 +1,192 @@
+"""Comparing a candidate's outputs with the reference, on the trusted side.
+
+What it is: `check_output(out, ref)` (shape, dtype, non-finite values, elementwise tolerance),
+`precision_error(out, ref)` (how far below the reference's precision the output is), and the
+primitives `rewards.verify.judge` uses to spot degenerate and replayed outputs (`is_constant`,
+`samples`, `mean_abs`). Large tensors are processed in chunks, in float64, on their device.
+
+Tolerances are tied to the output dtype (REFERENCE.md section 3, item 12):
+
+    dtype     atol = rtol   precision floor
+    float32   1e-2          2e-5       (the paper's assert_close tolerance)
+    float64   1e-2          1e-9
+    float16   1e-2          2e-3
+    bfloat16  2e-2          1.6e-2
+    integers and bool: exact
+
+The loose 1e-2 tolerance admits fp16, bf16 and TF32 arithmetic behind fp32 outputs, so passing
+outputs are also held to their dtype's precision: the normalised mean error
+mean(|out - ref| / (|ref| + rms(ref))) must stay below max(floor, factor x the same error of the
+exact-fp32 reference against a float64 one) when a float64 reference was affordable, else
+below the floor. fp16 rounding alone gives ~1e-4 on this scale, bf16 ~1e-3, TF32 GEMMs ~1e-4;
+honest fp32 kernels with another summation order stay near 1e-7..1e-6.
+
+What it is not: the verdict, and no knowledge of trials (`rewards.verify.judge` keeps the history).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+from msgspec import Struct
+
+from rewards.verdict import VerdictStatus
+
+CHUNK = 1 << 24  # elements per step: float64 temporaries of 128 MiB
+SAMPLES = 4096
+_WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class Tolerance(Struct, frozen=True, kw_only=True):
+    atol: float
+    rtol: float
+    precision_floor: float
+
+
+TOLERANCES: dict[torch.dtype, Tolerance] = {
+    torch.float32: Tolerance(atol=1e-2, rtol=1e-2, precision_floor=2e-5),
+    torch.float64: Tolerance(atol=1e-2, rtol=1e-2, precision_floor=1e-9),
+    torch.float16: Tolerance(atol=1e-2, rtol=1e-2, precision_floor=2e-3),
+    torch.bfloat16: Tolerance(atol=2e-2, rtol=2e-2, precision_floor=1.6e-2),
+}
+
+
+def tolerance_for(dtype: torch.dtype, atol: float | None = None, rtol: float | None = None) -> Tolerance | None:
+    """The dtype's tolerance (overrides applied); None means exact comparison."""
+    base = TOLERANCES.get(dtype)
+    if base is None:
+        if dtype.is_floating_point or dtype.is_complex:
+            base = TOLERANCES[torch.float32]
+        else:
+            return None
+    return Tolerance(
+        atol=base.atol if atol is None else atol,
+        rtol=base.rtol if rtol is None else rtol,
+        precision_floor=base.precision_floor,
+    )
+
+
+class Check(Struct, frozen=True, kw_only=True):
+    """One output against its reference."""
+
+    status: VerdictStatus
+    message: str = ""
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    mismatches: int = 0
+
+
+def _pairs(a: torch.Tensor, b: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    for x, y in zip(a.reshape(-1).split(CHUNK), b.reshape(-1).split(CHUNK)):
+        yield x.to(torch.float64), y.to(torch.float64)
+
+
+def check_output(
+    out: torch.Tensor,
+    ref: torch.Tensor,
+    atol: float | None = None,
+    rtol: float | None = None,
+    *,
+    exact: torch.Tensor | None = None,
+) -> Check:
+    """Shape and dtype against `ref` (the task's own precision), then values against `exact`
+    (a float64 reference, when there is one) or `ref`: non-finite where the reference is finite
+    fails; elsewhere |out - ref| <= atol + rtol * |ref| (exact for integer dtypes)."""
+    if tuple(out.shape) != tuple(ref.shape):
+        return Check(status=VerdictStatus.SHAPE_MISMATCH, message=f"shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
+    if out.dtype != ref.dtype:
+        return Check(status=VerdictStatus.DTYPE_MISMATCH, message=f"dtype {out.dtype}, expected {ref.dtype}")
+    if out.device != ref.device:
+        out = out.to(ref.device)
+    tol = tolerance_for(ref.dtype, atol, rtol)
+    if tol is None:
+        wrong = int((out != ref).sum())
+        if wrong:
+            return Check(status=VerdictStatus.WRONG_OUTPUT, message=f"{wrong} of {ref.numel()} values differ", mismatches=wrong)
+        return Check(status=VerdictStatus.OK, max_abs_err=0.0, max_rel_err=0.0)
+    return _check_float(out, ref if exact is None else exact, tol)
+
+
+def _check_float(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> Check:
+    nonfinite = mismatches = 0
+    max_abs = max_rel = 0.0
+    for o, r in _pairs(out, ref):
+        finite = torch.isfinite(r)
+        same_special = ~finite & ((o == r) | (torch.isnan(o) & torch.isnan(r)))
+        nonfinite += int((~torch.isfinite(o) & finite).sum()) + int((~finite & ~same_special).sum())
+        both = finite & torch.isfinite(o)
+        diff = torch.where(both, (o - r).abs(), 0.0)
+        mismatches += int((diff > tol.atol + tol.rtol * r.abs()).sum())
+        if diff.numel():
+            max_abs = max(max_abs, float(diff.max()))
+            max_rel = max(max_rel, float((diff / r.abs().clamp_min(tol.atol)).max()))
+    numbers = dict(max_abs_err=max_abs, max_rel_err=max_rel, mismatches=mismatches)
+    if nonfinite:
+        return Check(status=VerdictStatus.NAN_INF, message=f"{nonfinite} NaN/Inf values where the reference has none", **numbers)
+    if mismatches:
+        message = (
+            f"{mismatches} of {ref.numel()} values outside atol={tol.atol:g}, rtol={tol.rtol:g} "
+            f"(max abs err {max_abs:.3g}, max rel err {max_rel:.3g})"
+        )
+        return Check(status=VerdictStatus.WRONG_OUTPUT, message=message, **numbers)
+    return Check(status=VerdictStatus.OK, **numbers)
+
+
+def rms(t: torch.Tensor) -> float:
+    total, count = 0.0, 0
+    for x in t.reshape(-1).split(CHUNK):
+        x = x.to(torch.float64)
+        x = x[torch.isfinite(x)]
+        total += float((x * x).sum())
+        count += x.numel()
+    return math.sqrt(total / count) if count else 0.0
+
+
+def precision_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """mean(|out - ref| / (|ref| + rms(ref))) over finite elements; 0 for integer dtypes."""
+    if not ref.dtype.is_floating_point or ref.numel() == 0:
+        return 0.0
+    scale = rms(ref) or 1.0
+    total, count = 0.0, 0
+    for o, r in _pairs(out.to(ref.device), ref):
+        both = torch.isfinite(o) & torch.isfinite(r)
+        err = (o - r).abs() / (r.abs() + scale)
+        total += float(torch.where(both, err, 0.0).sum())
+        count += int(both.sum())
+    return total / count if count else 0.0
+
+
+def is_constant(t: torch.Tensor) -> bool:
+    """All elements bitwise equal (an all-zero or all-NaN output included)."""
+    if t.numel() <= 1:
+        return False
+    flat = t.reshape(-1)
+    flat = flat.view(torch.uint8) if flat.dtype == torch.bool else flat
+    words = flat.view(_WORDS.get(flat.element_size(), torch.uint8))
+    first = words[:1]
+    return all(bool((chunk == first).all()) for chunk in words.split(CHUNK))
+
+
+def samples(t: torch.Tensor, count: int = SAMPLES) -> torch.Tensor:
+    """`count` evenly spaced elements as float64 on the CPU: the same positions for every
+    tensor of one shape, so samples of different trials can be compared."""
+    flat = t.reshape(-1)
+    if flat.numel() == 0:
+        return torch.zeros(0, dtype=torch.float64)
+    # float64 positions: float32 cannot count past 2**24, and a 1.6e9-element output rounds
+    # its last position past the end.
+    last = flat.numel() - 1
+    index = torch.linspace(0, last, min(count, flat.numel()), dtype=torch.float64, device=flat.device)
+    return flat[index.round().long().clamp_(0, last)].to(torch.float64).cpu()
+
+
+def mean_abs(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Mean |a - b| over positions where both are finite (samples of equal length)."""
+    if a.shape != b.shape or a.numel() == 0:
+        return math.inf
+    both = torch.isfinite(a) & torch.isfinite(b)
+    if not bool(both.any()):
+        return math.inf
+    return float((a - b).abs()[both].mean())
