@@ -6,7 +6,7 @@ template's end-of-turn glue, and followed by the ids of the new tool/user messag
 cut from a render of a fixed small BASE conversation plus the new messages, minus the cached
 render of BASE, so no turn ever re-renders the whole chat: re-rendering changes earlier tokens
 (templates strip `<think>`, re-tokenization differs from sampling) and breaks PPO's token
-bookkeeping (REFERENCE.md section 5, "Multi-turn lessons").
+bookkeeping (the sampled ids and their log-probs must be the ones trained on).
 
 What it is not: it does not parse tool calls (`agentcore.toolparse`) nor talk to the model.
 

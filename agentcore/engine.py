@@ -20,7 +20,7 @@ from agentcore.types import FinishReason
 
 class SamplingParams(Struct, frozen=True, kw_only=True):
     """Sampling for one request. Rollouts run at temperature 1 with no top-p/top-k so that the
-    behaviour log-probs are those of the policy (REFERENCE.md section 5)."""
+    behaviour log-probs are those of the policy, not of a truncated distribution."""
 
     max_new_tokens: int
     temperature: float = 1.0

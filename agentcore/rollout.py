@@ -2,7 +2,7 @@
 
 What it is: the inner loop of the system, for exactly one (task, sample). It keeps every token
 the model was shown and produced, with the behaviour log-probs of the sampled ones, by appending
-only new tokens each turn (never re-rendering the chat; REFERENCE.md section 5).
+only new tokens each turn (never re-rendering the chat: see `agentcore.chat`).
 What it is not: concurrency (the orchestrator runs many of these), scoring (the final evaluation
 of the workspace happens after it returns) or tool implementations (`agentcore.tools`).
 

@@ -25,5 +25,22 @@ def tune_gc() -> None:
 
 
 def run(main: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    """Run `main(*args)`; an exception group holding one exception (a task group around a single
+    failure) raises that exception, so a command's `except FileNotFoundError` still sees it."""
     tune_gc()
-    return anyio.run(main, *args, backend="asyncio", backend_options={"use_uvloop": True})
+    try:
+        return anyio.run(main, *args, backend="asyncio", backend_options={"use_uvloop": True})
+    except BaseExceptionGroup as group:
+        if (sole := sole_exception(group)) is None:
+            raise
+        raise sole from group
+
+
+def sole_exception(group: BaseExceptionGroup) -> BaseException | None:
+    """The one leaf exception of a (nested) group, or None when it holds several."""
+    while len(group.exceptions) == 1:
+        inner = group.exceptions[0]
+        if not isinstance(inner, BaseExceptionGroup):
+            return inner
+        group = inner
+    return None

@@ -35,6 +35,8 @@ import anyio
 import anyio.abc
 from msgspec import Struct
 
+from agentcore.interpreter import bind_back, interpreter_dirs
+
 if TYPE_CHECKING:
     from agentcore.workspace import Workspace
 
@@ -224,6 +226,9 @@ def bwrap_argv(bwrap: str, workspace: Workspace, c: SandboxConfig) -> list[str]:
         argv += ["--tmpfs", parent]
     for hidden in c.hide_paths:
         argv += ["--tmpfs", hidden]
+    hidden = [parent, *c.hide_paths] if parent not in ("/", "/tmp") else list(c.hide_paths)
+    for path in bind_back(interpreter_dirs(), ["/tmp", *hidden], keep_hidden=hidden):  # its python
+        argv += ["--ro-bind", path, path]
     argv += ["--bind", ws, ws]
     for path in sorted(workspace.protected_paths()):
         argv += ["--ro-bind", str(path), str(path)]

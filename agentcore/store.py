@@ -4,12 +4,14 @@ What it is: durable output of rollouts. Each trajectory is appended as it comple
 orjson), flushed at once and fsync'd at safe points (every `fsync_every` lines, every
 `fsync_interval_s`, and on close), so a killed run loses at most the unsynced tail, and the
 reader skips a torn last line. A stopped run resumes by reading the keys already stored and
-skipping them, so nothing is lost or duplicated.
+skipping them, so nothing is lost or duplicated. A store opened with `redo` statuses moves the
+trajectories that ended so (e.g. `INFRA_FAILURES`) to `NAME.redone.jsonl` and leaves their keys
+out, so the resumed run does them again and the file holds each key once.
 What it is not: a database or a cache of in-flight work; aborted trajectories are not stored
 by the orchestrator (they are rerun on resume).
 
 Example:
-    async with TrajectoryStore(run_dir / "trajectories.jsonl") as store:
+    async with TrajectoryStore(run_dir / "trajectories.jsonl", redo=INFRA_FAILURES) as store:
         done = store.keys()              # {(group_id, sample_index), ...} from earlier runs
         await store.append(trajectory)
     for traj in read_trajectories(run_dir / "trajectories.jsonl"): ...
@@ -20,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Iterator
 
@@ -29,11 +32,18 @@ import msgspec
 import orjson
 from msgspec import Struct
 
-from agentcore.types import Trajectory
+from agentcore.types import Status, Trajectory
 
 log = logging.getLogger(__name__)
 
 _decoder = msgspec.json.Decoder(Trajectory)
+
+
+class _Ending(Struct):
+    status: Status | None = None
+
+
+_ending_decoder = msgspec.json.Decoder(_Ending)
 
 Key = tuple[str, int]  # (group_id, sample_index)
 
@@ -78,9 +88,52 @@ def _repair(path: Path) -> int:
     return 0
 
 
+def redone_path(path: str | Path) -> Path:
+    """Where a store opened with `redo` moves the trajectories it does again."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.redone{path.suffix}")
+
+
+def _status(line: bytes) -> Status | None:
+    try:
+        return _ending_decoder.decode(line).status
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None  # a corrupt line stays where it is; readers skip it
+
+
+def _set_aside(path: Path, statuses: frozenset[Status]) -> int:
+    """Move the lines of trajectories that ended in `statuses` from `path` to the end of its
+    redone file, then replace `path` by the rest (written, fsync'd, renamed); returns how many."""
+    if not path.exists():
+        return 0
+    keep: list[bytes] = []
+    move: list[bytes] = []
+    for line in path.read_bytes().splitlines(keepends=True):
+        (move if _status(line) in statuses else keep).append(line)
+    if not move:
+        return 0
+    with redone_path(path).open("ab") as f:  # first: a crash before the rename loses nothing
+        f.writelines(move)
+        f.flush()
+        os.fsync(f.fileno())
+    staging = path.with_name(f".{path.name}.tmp")
+    with staging.open("wb") as f:
+        f.writelines(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(staging, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    return len(move)
+
+
 class StoreStats(Struct, frozen=True, kw_only=True):
     appended: int
     resumed: int
+    redone: int
     bytes_written: int
     fsyncs: int
 
@@ -88,9 +141,18 @@ class StoreStats(Struct, frozen=True, kw_only=True):
 class TrajectoryStore:
     """Append-only JSON-lines store of trajectories, resumable (see module docstring)."""
 
-    def __init__(self, path: str | Path, *, fsync_every: int = 32, fsync_interval_s: float = 5.0):
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        redo: Collection[Status] = (),
+        fsync_every: int = 32,
+        fsync_interval_s: float = 5.0,
+    ):
         self.path = Path(path)
+        self.redo = frozenset(redo)
         self.fsync_every, self.fsync_interval_s = fsync_every, fsync_interval_s
+        self._redone = 0
         self._file = None
         self._keys: set[Key] = set()
         self._existing: list[Trajectory] = []
@@ -103,6 +165,11 @@ class TrajectoryStore:
         torn = await anyio.to_thread.run_sync(_repair, self.path)
         if torn:
             log.warning("%s: removed a torn tail of %d bytes from an earlier run", self.path, torn)
+        if self.redo:
+            self._redone = await anyio.to_thread.run_sync(_set_aside, self.path, self.redo)
+        if self._redone:
+            log.info("%s: %d trajectories run again (earlier ones kept in %s)", self.path, self._redone,
+                     redone_path(self.path))
         self._existing = await anyio.to_thread.run_sync(lambda: list(read_trajectories(self.path)))
         self._keys = {(t.group_id, t.sample_index) for t in self._existing}
         self._file = await aiofiles.open(self.path, "ab")
@@ -120,7 +187,7 @@ class TrajectoryStore:
         return set(self._keys)
 
     def existing(self) -> list[Trajectory]:
-        """Trajectories found on disk when the store was opened."""
+        """Trajectories found on disk when the store was opened (less those set aside to redo)."""
         return list(self._existing)
 
     async def append(self, traj: Trajectory) -> None:
@@ -157,6 +224,7 @@ class TrajectoryStore:
         return StoreStats(
             appended=self._appended,
             resumed=len(self._existing),
+            redone=self._redone,
             bytes_written=self._bytes,
             fsyncs=self._fsyncs,
         )

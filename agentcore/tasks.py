@@ -7,7 +7,7 @@ is reported by name and skipped; the rest load. This checks structure only (no t
 running the inputs is the job of the data pipeline in `rl`.
 
 Example:
-    tasks, problems = load_tasks("../shared/kernelbench/problems.jsonl")
+    tasks, problems = load_tasks("rl/data/kernelbench/problems.jsonl")
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ tool results (tagged unions), turns, trajectories and groups of trajectories. No
 I/O or imports torch. Evolve a value with `msgspec.structs.replace`; decode with the typed
 decoders at the bottom, built once.
 
-Token bookkeeping (REFERENCE.md section 5): a trajectory keeps the exact token ids the model was
+Token bookkeeping (see `agentcore.chat`): a trajectory keeps the exact token ids the model was
 shown and produced. `prompt_ids` is the first rendered prompt; `response_ids` is everything after
 it, generated tokens and tool observations interleaved; `logprobs` and `loss_mask` run parallel
 to `response_ids`, with mask 1 only on tokens the policy sampled.
@@ -205,6 +205,11 @@ class Status(enum.Enum):
     ENGINE_ERROR = "engine_error"  # the model server failed for good
     ABORTED = "aborted"  # cancelled by the orchestrator (shutdown, straggler)
     FAILED = "failed"  # our infrastructure failed for this trajectory (bug, broken tool); see error
+
+
+INFRA_FAILURES = frozenset({Status.ENGINE_ERROR, Status.FAILED})
+"""Stored endings that are not the model's doing: the model server, a sandbox, the compile pool
+or the GPU queue failed. `cuda-agent rollout` reruns them when it resumes."""
 
 
 FinishReason = Literal["stop", "length", "abort"]

@@ -5,8 +5,10 @@ What it is: `RewardsKernelEnv` implements `agentcore.kernel_env.KernelEnv` with 
 and `profile` handlers (`rewards.verify.verifier`, `rewards.timing.profile`). `open_kernel_env(config)` opens the
 pool and the queue and yields the env; `agentcore.rollout_cmd` enters it as REAL_ENV.
 
-What it is not: the final evaluation (`rewards.evaluate` snapshots the workspace and scores it);
-this env works on the agent's live workspace and its results are only what the model sees.
+What it is not: the final evaluation (`rewards.evaluate` snapshots the workspace and scores it,
+timing through `time(..., paired=True)`); this env works on the agent's live workspace and its
+results are only what the model sees. The `profile` tool times the candidate against baselines
+measured once per task and says so in its answer (`rewards.timing.profile.CACHED_NOTE`).
 
 A blocking static finding is a failed compile whose log lists the findings, so the agent sees
 the category; `verify` and `profile` rebuild first (the pool's cache makes an unchanged
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -34,14 +37,14 @@ import msgspec
 from msgspec import Struct
 
 from agentcore.types import CompileResult, ProfileResult, Task, VerifyResult
-from rewards.timing.baselines import Baselines, task_sha256
-from rewards.build.plan import FIXED_FILES, TEMPLATE_DIR
 from rewards.build.compile_pool import Build, CompileConfig, CompilePool
+from rewards.build.plan import FIXED_FILES, TEMPLATE_DIR
 from rewards.queue.gpu_queue import GpuQueue, GpuQueueConfig, count_gpus
+from rewards.static.checks import check_workspace, file_digest
+from rewards.timing.baselines import Baselines, task_sha256
 from rewards.timing.profile import HANDLER as PROFILE_HANDLER
 from rewards.timing.profile import Profile, ProfileConfig, profile_workspace, to_profile_result
-from rewards.static.checks import check_workspace, file_digest
-from rewards.verdict import Verdict, VerdictStatus, hack_verdict
+from rewards.verdict import Rules, Verdict, VerdictStatus, hack_verdict
 from rewards.verify.verifier import VerifyConfig, to_verify_result, verify_workspace
 
 SKILL_PATH = TEMPLATE_DIR.parent / "SKILL.md"
@@ -62,6 +65,12 @@ class EnvConfig(Struct, frozen=True, kw_only=True):
     """Timing config and timeouts of the profile handler."""
     job_deadline_s: float = 900.0
     """Watchdog deadline of one verify or profile job."""
+    rules: Rules = "paper"
+    """The rule set of the static checks and the verifier (rewards.verdict.Rules): "paper" (the
+    training rule) or "kernelbench" (torch may do part of the work); named in every verdict."""
+    compile_cache_tasks: int = 64
+    """Tasks whose reference's Inductor artifacts (a few MB each) the env keeps for paired
+    profile jobs; the least recently used are dropped."""
 
 
 class NoGpuError(RuntimeError):
@@ -77,10 +86,10 @@ def pristine_files(task: Task) -> dict[str, bytes]:
     return files
 
 
-def static_verdict(workspace: Path, task: Task) -> Verdict | None:
+def static_verdict(workspace: Path, task: Task, rules: Rules = "paper") -> Verdict | None:
     """A HACK verdict for blocking static findings (protected files included), else None."""
     originals = {name: file_digest(data) for name, data in pristine_files(task).items()}
-    return hack_verdict(check_workspace(workspace, reference=task.source, originals=originals))
+    return hack_verdict(check_workspace(workspace, reference=task.source, originals=originals), rules)
 
 
 class Prepared(Struct, frozen=True, kw_only=True):
@@ -90,6 +99,8 @@ class Prepared(Struct, frozen=True, kw_only=True):
     verdict: Verdict | None = None
     inline: bool = False
     """A single-file load_inline solution (rewards.inline.prepare): verified on the default stream."""
+    notes: tuple[str, ...] = ()
+    """What the preparation read but did not build with (rewards.inline.prepare.with_notes)."""
 
 
 class RewardsKernelEnv:
@@ -104,16 +115,18 @@ class RewardsKernelEnv:
         self.pool, self.queue, self.config = pool, queue, config
         self.builds: dict[Path, Build] = {}  # last build per workspace path
         self.baselines: dict[str, Baselines] = {}  # per task source sha256; one entry per task
+        self.compile_caches: OrderedDict[str, bytes] = OrderedDict()  # the reference's Inductor artifacts
 
     async def prepare(self, workspace: Path, task: Task) -> Prepared:
         """Static checks, then the build; remembers the build's artifact for the workspace."""
-        hack = await anyio.to_thread.run_sync(static_verdict, workspace, task)
+        hack = await anyio.to_thread.run_sync(static_verdict, workspace, task, self.config.rules)
         if hack is not None:
             return Prepared(verdict=hack)
         build = await self.pool.build(workspace)
         self.builds[Path(workspace).resolve()] = build
         if not build.result.ok:
-            return Prepared(build=build, verdict=Verdict(status=VerdictStatus.COMPILE_ERROR, message=build.result.log))
+            failed = Verdict(status=VerdictStatus.COMPILE_ERROR, message=build.result.log, rules=self.config.rules)
+            return Prepared(build=build, verdict=failed)
         return Prepared(build=build)
 
     async def compile(self, workspace: Path, task: Task) -> CompileResult:
@@ -127,7 +140,7 @@ class RewardsKernelEnv:
         if prepared.verdict is not None:
             return to_verify_result(_before_run(prepared.verdict))
         verdict = await verify_workspace(self._queue(), workspace, task, prepared.build.artifact.so_path, "quick",
-                                         config=self.config.verify, deadline_s=self.config.job_deadline_s)
+                                         config=self._verify_config(), deadline_s=self.config.job_deadline_s)
         return to_verify_result(verdict)
 
     async def profile(self, workspace: Path, task: Task) -> ProfileResult:
@@ -137,22 +150,39 @@ class RewardsKernelEnv:
         outcome = await self.time(workspace, task, prepared.build)
         return to_profile_result(outcome)
 
-    async def time(self, workspace: Path, task: Task, build: Build) -> Profile:
-        """A profile job for a built workspace; the task's baselines are measured once per env."""
+    async def time(self, workspace: Path, task: Task, build: Build, *, paired: bool = False) -> Profile:
+        """A profile job for a built workspace. Unpaired (the agent's tool): the task's baselines
+        are measured once per env and sent back after. Paired (the final evaluation): all three
+        timed together in the candidate's process; the reference's Inductor artifacts, recorded
+        by the first job of the task that compiled it, go with later requests."""
         key = task_sha256(task.source)
         outcome = await profile_workspace(self._queue(), workspace, task, build.artifact.so_path,
-                                          config=self.config.profile, baselines=self.baselines.get(key),
-                                          deadline_s=self.config.job_deadline_s)
+                                          config=self.config.profile, deadline_s=self.config.job_deadline_s,
+                                          baselines=None if paired else self.baselines.get(key), paired=paired,
+                                          compile_cache=self._compile_cache(key) if paired else b"")
         if outcome.baselines is not None:
             self.baselines[key] = outcome.baselines
+        if outcome.compile_cache:
+            self.compile_caches[key] = outcome.compile_cache
+            while len(self.compile_caches) > self.config.compile_cache_tasks:
+                self.compile_caches.popitem(last=False)
         return outcome
+
+    def _compile_cache(self, key: str) -> bytes:
+        if key in self.compile_caches:
+            self.compile_caches.move_to_end(key)
+        return self.compile_caches.get(key, b"")
 
     async def final_verdict(self, workspace: Path, task: Task, build: Build, *, inline: bool = False) -> Verdict:
         """Final-mode verification of a built workspace (rewards.evaluate); `inline`: a
         single-file solution, run on the default stream (VerifyConfig.harness_stream)."""
-        config = msgspec.structs.replace(self.config.verify, harness_stream="default") if inline else self.config.verify
-        return await verify_workspace(self._queue(), workspace, task, build.artifact.so_path, "final",
-                                      config=config, deadline_s=self.config.job_deadline_s)
+        config = self._verify_config(harness_stream="default") if inline else self._verify_config()
+        verdict = await verify_workspace(self._queue(), workspace, task, build.artifact.so_path, "final",
+                                         config=config, deadline_s=self.config.job_deadline_s)
+        return msgspec.structs.replace(verdict, rules=self.config.rules)  # crashes and timeouts too
+
+    def _verify_config(self, **changes) -> VerifyConfig:
+        return msgspec.structs.replace(self.config.verify, rules=self.config.rules, **changes)
 
     def _queue(self) -> GpuQueue:
         if self.queue is None:

@@ -3,21 +3,15 @@
 What it is: `FinalEvaluator.score(trajectory, tools, task)` copies the agent's solution files out
 of the workspace into a fresh directory (`snapshot_solution`), adds model.py from the task and the
 fixed files from agentcore's assets, then runs the static checks, the build, final-mode
-verification and profiling through a `RewardsKernelEnv`, and scores the result with
-`rewards.reward.score`. The trajectory comes back with `reward` and `reward_info`.
+verification and paired profiling through a `RewardsKernelEnv` (candidate, eager and
+torch.compile timed together in one process: `rewards.timing.paired`), and scores the result with
+`rewards.reward.score_paired` (`rewards.reward.score` with `paired=False`). A single-file
+KernelBench solution (model_new.py calling `load_inline`) is converted by
+`rewards.inline.prepare` first. Every failure of the candidate (a hack, no build, a
+wrong answer, a crash while timed) is a `Score` with `config.fail_reward` and the reason in
+reward_info; infrastructure errors raise.
 
-What it is not: the agent's tools (`rewards.env`). Nothing is read from the workspace but
-model_new.py and kernels/<name>.cu / kernels/<name>_binding.cpp, regular files only: a symlink,
-a modified model.py or binding.cpp, a stray header or a planted extension module in the
-workspace never reaches the evaluation. Local headers (kernels/*.cuh) are not copied either, so a
-solution that includes one fails to build here.
-
-A single-file KernelBench solution (model_new.py calling `load_inline`, no kernels/ files) is
-detected here and converted by `rewards.inline.prepare`: its sources are read from the AST and built by
-the compile pool, and the candidate child only imports the prebuilt module.
-
-Every failure of the candidate (a hack, no build, a wrong answer, a crash while timed) is a
-`Score` with `config.fail_reward` and the reason in reward_info; infrastructure errors raise.
+What it is not: the agent's tools (`rewards.env`).
 
 Example:
     async with open_kernel_env() as env:
@@ -40,9 +34,9 @@ from msgspec import Struct
 
 from agentcore.types import Task, Trajectory
 from rewards.env import Prepared, RewardsKernelEnv, pristine_files
-from rewards.inline.prepare import is_inline_solution, prepare_inline
+from rewards.inline.prepare import is_inline_solution, prepare_inline, with_notes
+from rewards.reward import RewardConfig, score, score_paired
 from rewards.timing.profile import Profile
-from rewards.reward import RewardConfig, score
 from rewards.verdict import Score, Verdict, VerdictStatus, reward_info
 
 KERNEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.cu|_binding\.cpp)$")
@@ -54,6 +48,9 @@ class EvaluateConfig(Struct, frozen=True, kw_only=True):
     """How a verdict and three timings become a reward."""
     scratch_root: str = ""
     """Parent of the per-evaluation snapshot dirs; '' means the system temp dir."""
+    paired: bool = True
+    """Time candidate, eager and torch.compile together in the candidate's process, in rotated
+    rounds (rewards.timing.paired); False: the candidate alone against cached baselines."""
 
 
 def _read_regular(path: Path) -> bytes | None:
@@ -85,7 +82,13 @@ def solution_files(workspace: Path) -> dict[str, bytes]:
 
 
 def snapshot_solution(workspace: Path, task: Task, dest: Path) -> Path:
-    """A fresh directory `dest` holding the agent's solution files and the pristine files."""
+    """A fresh directory `dest` holding the agent's solution files and the pristine files.
+
+    Nothing is read from the workspace but model_new.py and kernels/<name>.cu /
+    kernels/<name>_binding.cpp, regular files only: a symlink, a modified model.py or binding.cpp,
+    a stray header or a planted extension module in the workspace never reaches the evaluation.
+    Local headers (kernels/*.cuh) are not copied either, so a solution that includes one fails to
+    build here."""
     dest.mkdir(parents=True)
     (dest / "kernels").mkdir()
     for rel, data in {**solution_files(workspace), **pristine_files(task)}.items():
@@ -131,14 +134,19 @@ class FinalEvaluator:
         if prepared.verdict is not None:
             return score(prepared.verdict, None, None, None, self.config.reward)
         verdict = await self.env.final_verdict(snapshot, task, prepared.build, inline=prepared.inline)
+        verdict = with_notes(verdict, prepared.notes)
         if not verdict.ok:
             return score(verdict, None, None, None, self.config.reward)
-        timed = await self.env.time(snapshot, task, prepared.build)
+        timed = await self.env.time(snapshot, task, prepared.build, paired=self.config.paired)
         return self._scored(verdict, timed)
 
     def _scored(self, verdict: Verdict, timed: Profile) -> Score:
+        if timed.reference_candidate:  # the timing-only harness mode of benchmarks: never a reward
+            raise ValueError("a profile of the timing-only harness mode reached the final evaluation")
         if not timed.ok or timed.candidate is None:
             verdict = msgspec.structs.replace(verdict, status=VerdictStatus.RUNTIME_ERROR, message=timed.message)
+        if self.config.paired:
+            return score_paired(verdict, timed.paired, self.config.reward)
         return score(verdict, timed.candidate, timed.eager, timed.compiled, self.config.reward)
 
 

@@ -1,36 +1,23 @@
-"""The paper's milestone reward as a pure function of a Verdict and three Timings.
+"""The milestone reward of the CUDA Agent paper, as a pure function of a Verdict and three Timings.
 
-`score(verdict, candidate, eager, compiled, config) -> Score`. No I/O, no clocks, no torch: the
-verifier decides the Verdict, the profiler measures the Timings, this module only maps them to
-a number (REFERENCE.md section 1):
+`score(verdict, candidate, eager, compiled, config) -> Score`:
 
     -1  compile, correctness or an anti-hacking check failed (any non-OK verdict)
      3  more than 5% faster than BOTH eager and torch.compile
      2  more than 5% faster than eager only
      1  otherwise (correct; includes "faster than compile but not eager")
 
-"More than 5% faster" than a baseline t0 means (t0 - t) / t0 > margin on medians, i.e. a
-speedup t0 / t above 1 / 0.95 = 1.0526x. A relative improvement within 1e-9 of the margin counts
-as NOT more (so t = 0.95 * t0 earns nothing for that baseline, whatever the float rounding).
+"More than 5% faster" than a baseline t0 means (t0 - t) / t0 > margin, on medians.
+`mode="speedup"` is the paper's raw-speedup ablation (log(s) or s, s clipped).
 
-`mode="speedup"` is the raw-speedup ablation (the paper found it worse: REFERENCE.md section 1):
-the reward is log(s) or s, with s = baseline / candidate clipped to [clip_low, clip_high]; a
-failure still gets `fail_reward`, and the config refuses clips that would let a correct kernel
-score below a failure.
+`score_paired(verdict, paired, config)` is the same reward from paired timing
+(`rewards.timing.paired`: the three subjects timed together in rotated rounds of one process):
+a baseline is beaten when the whole confidence interval of the median per-round speedup lies
+above 1 / (1 - margin); an interval that straddles it is not granted, and the Score says
+`inconclusive`.
 
-Precision and fairness (REFERENCE.md sections 2-3, items 11, 12, 20). The reward is only as fair
-as its inputs, and this function checks what it can see:
-- all three timings must come from the same harness (`Timing.method`), else ValueError: a
-  CUDA-graph replay against event timing is not a speedup;
-- the 1e-2 tolerance admits TF32/fp16 work, so the verifier (not this function) must compare
-  against a reference computed with pinned precision flags and a dtype-tied tolerance, and the
-  eager/compile baselines must be timed in the task's own dtype under the same flags as the
-  candidate: TF32 alone would otherwise buy >= 2x on a third of KernelBench L1;
-- the three subjects must be timed alike: same machine and process, fresh inputs each call,
-  the same L2-flush policy and device-wide synchronisation (REFERENCE.md section 4);
-- a 5% margin is meaningful only when timing noise is well below it (medians stable to
-  0.1-0.3% on millisecond kernels). `stderr_sigmas > 0` additionally requires the improvement to
-  clear the margin by that many combined relative standard errors; 0 is the paper's rule.
+What it is not: no I/O, no clocks, no torch. The verifier decides the Verdict and the profiler
+measures the Timings; this module only maps them to a number. rewards/README.md has the rules.
 """
 
 from __future__ import annotations
@@ -40,6 +27,7 @@ from typing import Literal
 
 from msgspec import Struct
 
+from rewards.timing.paired import PairedTiming, paired_milestone
 from rewards.verdict import Score, Timing, Verdict
 
 _TIE_REL_TOL = 1e-9
@@ -49,7 +37,8 @@ class RewardConfig(Struct, frozen=True, kw_only=True):
     """How a Verdict and three Timings become a number; the defaults are the paper's."""
 
     mode: Literal["milestone", "speedup"] = "milestone"
-    """milestone: the paper's -1/1/2/3; speedup: the raw-speedup ablation."""
+    """milestone: the paper's -1/1/2/3; speedup: the raw-speedup ablation (the paper found it
+    worse). A failure gets `fail_reward` in both modes."""
     margin: float = 0.05
     """A baseline is beaten when (t0 - t) / t0 > margin."""
     fail_reward: float = -1.0
@@ -90,7 +79,14 @@ def improvement(baseline_ms: float, candidate_ms: float) -> float:
 
 
 def beats(baseline: Timing, candidate: Timing, config: RewardConfig) -> bool:
-    """True when the candidate is more than `margin` faster than the baseline (medians)."""
+    """True when the candidate is more than `margin` faster than the baseline (medians).
+
+    At margin 0.05 that is a speedup t0 / t above 1 / 0.95 = 1.0526x. An improvement within 1e-9
+    of what is needed counts as NOT more, so t = 0.95 * t0 earns nothing whatever the rounding.
+    A 5% margin means something only when timing noise is well below it (millisecond medians
+    are stable to 0.1-0.3%); `stderr_sigmas > 0` also asks the gain to clear the margin by that
+    many combined relative standard errors (0 is the paper's rule).
+    """
     need = config.margin + config.stderr_sigmas * math.hypot(
         baseline.rel_stderr, candidate.rel_stderr
     )
@@ -99,7 +95,7 @@ def beats(baseline: Timing, candidate: Timing, config: RewardConfig) -> bool:
 
 
 def milestone(candidate: Timing, eager: Timing, compiled: Timing, config: RewardConfig) -> int:
-    """1, 2 or 3 for a correct candidate (module docstring)."""
+    """1, 2 or 3 for a correct candidate (the table in the module docstring)."""
     faster_eager = beats(eager, candidate, config)
     if faster_eager and beats(compiled, candidate, config):
         return 3
@@ -111,15 +107,11 @@ def _transform(speedup: float, config: RewardConfig) -> float:
     return math.log(s) if config.speedup_transform == "log" else s
 
 
-def _speedup_reward(
-    candidate: Timing, eager: Timing, compiled: Timing, config: RewardConfig
-) -> float:
-    baseline_ms = {
-        "compile": compiled.median_ms,
-        "eager": eager.median_ms,
-        "best": min(eager.median_ms, compiled.median_ms),
-    }[config.speedup_baseline]
-    return _transform(baseline_ms / candidate.median_ms, config)
+def _speedup_reward(vs_eager: float, vs_compile: float, config: RewardConfig) -> float:
+    """speedup mode: the speedup over the configured baseline; `best` is the faster baseline,
+    i.e. the smaller speedup."""
+    speedup = {"compile": vs_compile, "eager": vs_eager, "best": min(vs_eager, vs_compile)}[config.speedup_baseline]
+    return _transform(speedup, config)
 
 
 def _milestone_reward(level: int, config: RewardConfig) -> float:
@@ -130,6 +122,14 @@ def _milestone_reward(level: int, config: RewardConfig) -> float:
 
 def _check_timings(candidate: Timing | None, eager: Timing | None, compiled: Timing | None) -> None:
     """An OK verdict without three comparable timings is a harness bug, not a model failure."""
+    # The reward is only as fair as its inputs. What it can see: the three timings come from one
+    # harness (a CUDA-graph replay against event timing is not a speedup). What it cannot see
+    # belongs upstream: the three subjects timed alike (same machine and process, fresh inputs
+    # each call, same L2-flush policy and device-wide synchronisation: rewards.timing); the
+    # baselines timed in the task's own dtype under the same precision flags as the candidate;
+    # passing outputs held to their dtype's precision (rewards.verify.precision and compare),
+    # since the 1e-2 tolerance admits TF32/fp16 and TF32 alone would buy >= 2x on about a third
+    # of KernelBench L1.
     if candidate is None or eager is None or compiled is None:
         raise ValueError("an OK verdict needs candidate, eager and compiled timings")
     methods = {candidate.method, eager.method, compiled.method}
@@ -144,23 +144,17 @@ def score(
     compiled: Timing | None,
     config: RewardConfig = RewardConfig(),
 ) -> Score:
-    """The reward of one candidate; see the module docstring for the rule and its caveats."""
+    """The reward of one candidate; the rule is in the module docstring, its caveats at `beats`
+    and `_check_timings`."""
     if not verdict.ok:
-        return Score(
-            reward=config.fail_reward,
-            milestone=None,
-            verdict=verdict,
-            candidate=candidate,
-            eager=eager,
-            compiled=compiled,
-            breakdown={"mode": config.mode, "failed": True},
-        )
+        return _failed(verdict, candidate, eager, compiled, config)
     _check_timings(candidate, eager, compiled)
     level = milestone(candidate, eager, compiled, config)
+    vs_eager, vs_compile = eager.median_ms / candidate.median_ms, compiled.median_ms / candidate.median_ms
     if config.mode == "milestone":
         reward = _milestone_reward(level, config)
     else:
-        reward = _speedup_reward(candidate, eager, compiled, config)
+        reward = _speedup_reward(vs_eager, vs_compile, config)
     return Score(
         reward=reward,
         milestone=level,
@@ -168,8 +162,8 @@ def score(
         candidate=candidate,
         eager=eager,
         compiled=compiled,
-        speedup_vs_eager=eager.median_ms / candidate.median_ms,
-        speedup_vs_compile=compiled.median_ms / candidate.median_ms,
+        speedup_vs_eager=vs_eager,
+        speedup_vs_compile=vs_compile,
         breakdown={
             "mode": config.mode,
             "failed": False,
@@ -177,5 +171,61 @@ def score(
             "improvement_vs_compile": improvement(compiled.median_ms, candidate.median_ms),
             "beats_eager": beats(eager, candidate, config),
             "beats_compile": beats(compiled, candidate, config),
+        },
+    )
+
+
+def _failed(verdict: Verdict, candidate: Timing | None, eager: Timing | None, compiled: Timing | None,
+            config: RewardConfig) -> Score:
+    return Score(reward=config.fail_reward, milestone=None, verdict=verdict, candidate=candidate, eager=eager,
+                 compiled=compiled, breakdown={"mode": config.mode, "failed": True})
+
+
+def score_paired(verdict: Verdict, paired: PairedTiming | None, config: RewardConfig = RewardConfig()) -> Score:
+    """The reward of one candidate from paired timing (module docstring). Speedups are the
+    median per-round ratios; a comparison whose interval straddles 1 / (1 - margin) is not
+    granted (`Score.inconclusive`, the interval in `breakdown["inconclusive_note"]`).
+    `stderr_sigmas` does not apply: the intervals already carry the noise."""
+    candidate, eager, compiled = (None, None, None) if paired is None else (
+        paired.fastest(role).timing for role in ("candidate", "eager", "compile"))
+    if not verdict.ok:
+        return _failed(verdict, candidate, eager, compiled, config)
+    if paired is None:
+        raise ValueError("an OK verdict needs a paired timing")
+    _check_timings(candidate, eager, compiled)
+    decided = paired_milestone(paired.vs_eager, paired.vs_compile, config.margin)
+    vs_eager, vs_compile = paired.vs_eager.estimate, paired.vs_compile.estimate
+    if config.mode == "milestone":
+        reward = _milestone_reward(decided.level, config)
+    else:
+        reward = _speedup_reward(vs_eager, vs_compile, config)
+    return Score(
+        reward=reward,
+        milestone=decided.level,
+        verdict=verdict,
+        candidate=candidate,
+        eager=eager,
+        compiled=compiled,
+        speedup_vs_eager=vs_eager,
+        speedup_vs_compile=vs_compile,
+        paired=True,
+        speedup_vs_eager_ci=(paired.vs_eager.ci_low, paired.vs_eager.ci_high),
+        speedup_vs_compile_ci=(paired.vs_compile.ci_low, paired.vs_compile.ci_high),
+        inconclusive=decided.inconclusive,
+        breakdown={
+            "mode": config.mode,
+            "failed": False,
+            "threshold": decided.threshold,
+            "vs_eager": decided.vs_eager,
+            "vs_compile": decided.vs_compile,
+            "beats_eager": decided.vs_eager == "beaten",
+            "beats_compile": decided.vs_compile == "beaten",
+            "inconclusive_vs_eager": decided.vs_eager == "inconclusive",
+            "inconclusive_vs_compile": decided.vs_compile == "inconclusive",
+            "inconclusive_note": decided.note,
+            "rounds": len(paired.rounds),
+            "paired_stop": paired.stop,
+            "paired_seconds": paired.seconds,
+            "confidence": paired.config.confidence,
         },
     )

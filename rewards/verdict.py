@@ -1,7 +1,7 @@
 """The boundary types of the reward side: what a check found, how fast a run was, what it scored.
 
 Everything here is a frozen, kw_only `msgspec.Struct` (or an enum of one): `HackCategory` names
-the reward hacks of REFERENCE.md section 3, `Finding` is one static-check hit, `Verdict` is the
+the reward hacks of rewards/README.md, `Finding` is one static-check hit, `Verdict` is the
 outcome of compiling and verifying a candidate, `Timing` summarises one timed subject, `Score`
 is what `rewards.reward.score` returns. Nothing here measures, compiles or imports torch: the
 verifier and the profiler fill these in, `rewards.reward` turns them into a number, and
@@ -17,15 +17,25 @@ from __future__ import annotations
 import enum
 import math
 import statistics
+from typing import Literal
 
 import msgspec
 from msgspec import Struct
 
 from agentcore.types import JsonScalar
 
+Rules = Literal["paper", "kernelbench"]
+"""Which rule set judged a candidate. `paper` (the default and the training rule): the
+candidate's own kernels do all the work, cuBLAS/cuDNN only from its own C++ for GEMM and
+convolution. `kernelbench`: torch modules and ops may do part of the work, as KernelBench allows;
+every other check stays on, and own kernels that do none of the work are still a decoy."""
+RULES: tuple[Rules, ...] = ("paper", "kernelbench")
+PARTIAL = "partial"
+"""`Finding.details` / `Verdict.details` key: what torch does of the work (kernelbench rules)."""
+
 
 class HackCategory(enum.Enum):
-    """Ways a candidate earns a speedup it did not make (REFERENCE.md section 3, item numbers)."""
+    """Ways a candidate earns a speedup it did not make (numbered as in rewards/README.md)."""
 
     TORCH_COMPUTE = "torch_compute"  # 1: torch/ATen/cuBLAS does the real work
     INHERITS_REFERENCE = "inherits_reference"  # 1: subclasses, imports or calls the reference Model
@@ -68,6 +78,11 @@ class Finding(Struct, frozen=True, kw_only=True):
     def __str__(self) -> str:
         return f"{self.file}:{self.line}: [{self.category.value}] {self.message}"
 
+    @property
+    def torch_work(self) -> str:
+        """What torch does here when the finding is torch doing part of the work, else ''."""
+        return str(self.details.get(PARTIAL, ""))
+
 
 class VerdictStatus(enum.Enum):
     OK = "ok"
@@ -95,6 +110,8 @@ class Verdict(Struct, frozen=True, kw_only=True):
     details: dict[str, JsonScalar] = {}
     phases_ms: dict[str, float] = {}
     """Where the verify job's time went (rewards.verify.phases); empty for static verdicts."""
+    rules: Rules = "paper"
+    """The rule set the candidate was judged under."""
 
     def __post_init__(self) -> None:
         if (self.status is VerdictStatus.HACK) != (self.hack is not None):
@@ -105,8 +122,22 @@ class Verdict(Struct, frozen=True, kw_only=True):
         return self.status is VerdictStatus.OK
 
 
-def hack_verdict(findings: list[Finding] | tuple[Finding, ...]) -> Verdict | None:
-    """A HACK verdict naming the first blocking finding, or None when nothing blocks."""
+def apply_rules(findings: list[Finding] | tuple[Finding, ...], rules: Rules) -> list[Finding]:
+    """The findings as `rules` judge them: under kernelbench, torch doing part of the work (a
+    finding with `torch_work`) is a note "partial: torch does ...", never a hack."""
+    if rules == "paper":
+        return list(findings)
+    return [
+        msgspec.structs.replace(f, blocking=False, message=f"partial: torch does {f.torch_work} ({f.message})")
+        if f.torch_work and f.blocking
+        else f
+        for f in findings
+    ]
+
+
+def hack_verdict(findings: list[Finding] | tuple[Finding, ...], rules: Rules = "paper") -> Verdict | None:
+    """A HACK verdict naming the first blocking finding under `rules`, or None when nothing blocks."""
+    findings = apply_rules(findings, rules)
     blocking = [f for f in findings if f.blocking]
     if not blocking:
         return None
@@ -117,11 +148,23 @@ def hack_verdict(findings: list[Finding] | tuple[Finding, ...]) -> Verdict | Non
         hack=first.category,
         message=f"{first}{more}",
         findings=tuple(findings),
+        rules=rules,
     )
 
 
+def partial_work(verdict: Verdict) -> str:
+    """What torch did of the work in a verdict under kernelbench rules ('' when nothing): the
+    dynamic audit's `details["partial"]`, else the static notes'. An OK verdict with this set
+    is "partial" in reports: correct and honest, with torch doing part of the work."""
+    dynamic = str(verdict.details.get(PARTIAL, "") or "")
+    if dynamic:
+        return dynamic
+    static = sorted({f.torch_work for f in verdict.findings if f.torch_work and not f.blocking})
+    return ", ".join(static)
+
+
 class ClockInfo(Struct, frozen=True, kw_only=True):
-    """GPU clocks logged around a measurement (REFERENCE.md section 4: warm up by time)."""
+    """GPU clocks logged around a measurement (the SM clock climbs from idle: warm up by time)."""
 
     gpu_name: str = ""
     sm_clock_mhz: float | None = None
@@ -145,6 +188,11 @@ class Timing(Struct, frozen=True, kw_only=True):
     max_ms: float
     method: str
     clocks: ClockInfo | None = None
+    host_ratio: float | None = None
+    """Device median over host median of the samples (rewards.timing.sampling.Measurement)."""
+    graph_ms: float | None = None
+    """A launch-bound subject's CUDA-graph replay time per call, for information only (paired
+    timing); None when not measured."""
 
     def __post_init__(self) -> None:
         if self.samples < 1 or not (self.median_ms > 0 and math.isfinite(self.median_ms)):
@@ -176,7 +224,8 @@ class Score(Struct, frozen=True, kw_only=True):
     """The reward of one candidate and everything it was computed from.
 
     `milestone` is None when the verdict failed; speedups are baseline time over candidate time
-    (medians), None without timings. `breakdown` holds the intermediate quantities.
+    (medians), None without timings; under paired timing (rewards.timing.paired) they are the
+    median per-round ratios, with their intervals. `breakdown` holds the intermediate quantities.
     """
 
     reward: float
@@ -188,6 +237,14 @@ class Score(Struct, frozen=True, kw_only=True):
     speedup_vs_eager: float | None = None
     speedup_vs_compile: float | None = None
     breakdown: dict[str, JsonScalar] = {}
+    paired: bool = False
+    """The three subjects were timed together in rotated rounds of one process."""
+    speedup_vs_eager_ci: tuple[float, float] | None = None
+    """Paired timing: the confidence interval of speedup_vs_eager."""
+    speedup_vs_compile_ci: tuple[float, float] | None = None
+    """Paired timing: the confidence interval of speedup_vs_compile."""
+    inconclusive: bool = False
+    """Paired timing: an interval straddled its threshold and the milestone above was not granted."""
 
 
 def _timing_info(prefix: str, timing: Timing | None) -> dict[str, JsonScalar]:
@@ -197,6 +254,8 @@ def _timing_info(prefix: str, timing: Timing | None) -> dict[str, JsonScalar]:
         f"{prefix}_ms": timing.median_ms,
         f"{prefix}_rel_stderr": timing.rel_stderr,
         f"{prefix}_samples": timing.samples,
+        f"{prefix}_host_ratio": timing.host_ratio,
+        f"{prefix}_graph_ms": timing.graph_ms,
     }
 
 
@@ -216,7 +275,15 @@ def reward_info(score: Score) -> dict[str, JsonScalar]:
         "notes": sum(not f.blocking for f in v.findings),
         "speedup_vs_eager": score.speedup_vs_eager,
         "speedup_vs_compile": score.speedup_vs_compile,
+        "timing_paired": score.paired,
+        "inconclusive": score.inconclusive,
+        "rules": v.rules,
+        "partial": partial_work(v)[:500],
     }
+    intervals = {"speedup_vs_eager": score.speedup_vs_eager_ci, "speedup_vs_compile": score.speedup_vs_compile_ci}
+    for name, ci in intervals.items():
+        if ci is not None:
+            info[f"{name}_low"], info[f"{name}_high"] = ci
     info |= _timing_info("candidate", score.candidate)
     info |= _timing_info("eager", score.eager)
     info |= _timing_info("compile", score.compiled)

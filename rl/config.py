@@ -53,7 +53,7 @@ class OptimConfig(Struct, frozen=True, kw_only=True):
     """Linear learning-rate warm-up, in optimizer steps."""
     fused: bool = True
     """AdamW(fused=True) on CUDA: one kernel per step instead of foreach launches (1.5B, 16k tokens,
-    no AC, H200: 37.8 -> 38.9% MFU in `python -m bench.system.learner --fused-adam`, session 9). CPU: foreach."""
+    no AC, H200: 37.8 -> 38.9% MFU in `python -m bench.system.learner --fused-adam`). CPU: foreach."""
 
 
 class LayoutConfig(Struct, frozen=True, kw_only=True):

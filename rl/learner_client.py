@@ -6,15 +6,16 @@ the ranks as one process group (`torchrun` over the learner GPUs, or a single `p
 rl.learner.rank` for one rank), waits until every rank's HTTP server answers, and then exposes the
 learner commands (`step`, `sync_weights`, `save`, `load`, `release`, `resume`) and the ranks'
 engine URLs (each rank serves SGLang's native API for its embedded engine).
-What it is not: the training loop (`rl/train.py`) or the rank itself (`rl/learner/rank.py`).
+What it is not: the training loop (`rl/train.py`), the rank itself (`rl/learner/rank.py`) or the
+messages (`rl/learner/protocol.py`).
 
-A command goes to all ranks at once and returns rank 0's answer; a rank that errs, or a
+A command goes to all ranks at once and returns rank 0's reply; a rank that errs, or a
 process group that dies, raises `LearnerError` with the rank's message and the log tail.
 
 Example:
     async with LearnerGroup(cfg, run_dir) as learner:
-        metrics = await learner.step("ppo", samples, step=3)
-        await learner.sync_weights()
+        reply = await learner.step("ppo", samples, step=3)      # reply.metrics
+        version = (await learner.sync_weights()).version
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import anyio
 import httpx
@@ -32,13 +33,39 @@ from anyio.abc import Process
 from agentcore.lifeline import lifeline_argv
 from agentcore.sglang.launcher import port_free, terminate_group
 from rl.config import TrainConfig
-from rl.learner.actor_critic import encode_samples
+from rl.learner.protocol import (
+    INFO,
+    LOAD,
+    RELEASE,
+    RESUME,
+    SAVE,
+    SHUTDOWN,
+    STEP,
+    SYNC,
+    WAIT,
+    Empty,
+    InfoReply,
+    LoadReply,
+    LoadRequest,
+    ReleaseRequest,
+    Route,
+    SaveReply,
+    SaveRequest,
+    StepReply,
+    StepRequest,
+    SyncReply,
+    encode,
+    encode_samples,
+    failure_message,
+)
 from rl.samples import Sample
 
 log = logging.getLogger("cuda-agent.learner")
 
 STARTUP_TIMEOUT_S = 1800.0  # a 1.5B model on a cold machine: imports, init, FSDP, first compile
 COMMAND_TIMEOUT_S = 7200.0
+
+Reply = TypeVar("Reply")
 
 
 class LearnerError(RuntimeError):
@@ -81,7 +108,7 @@ class LearnerGroup:
         with anyio.CancelScope(shield=True):
             if self._process is not None and self._process.returncode is None:
                 with anyio.move_on_after(10):
-                    await self._post_all("/learner/shutdown", {}, check=False)
+                    await self._post_all(SHUTDOWN, Empty(), check=False)
                 await terminate_group(self._process, grace_s=20.0)
             if self._http is not None:
                 await self._http.aclose()
@@ -133,7 +160,8 @@ class LearnerGroup:
 
     # -- commands -----------------------------------------------------------------------------
 
-    async def step(self, kind: str, samples: list[Sample], *, step: int, lr_scale: float = 1.0) -> dict[str, float]:
+    async def step(self, kind: Literal["ppo", "sft", "value"], samples: list[Sample], *, step: int,
+                   lr_scale: float = 1.0) -> StepReply:
         """One `kind` update (ppo | sft | value) on the global batch `samples`, learning rates
         times `lr_scale`."""
         batches = self.run_dir / "batches"
@@ -142,53 +170,48 @@ class LearnerGroup:
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(encode_samples(samples))
         tmp.replace(path)
-        answer = await self._post_all("/learner/step", {"kind": kind, "batch_path": str(path), "lr_scale": lr_scale})
+        reply = await self._post_all(STEP, StepRequest(kind=kind, batch_path=str(path), lr_scale=lr_scale))
         path.unlink(missing_ok=True)
-        return answer["metrics"]
+        return reply
 
-    async def sync_weights(self) -> dict[str, float]:
+    async def sync_weights(self) -> SyncReply:
         """Push the actor's weights to the engines: every rank's embedded engine, or (with
         `weight_sync.mode=sglang_tensor`) every rank's colocated SGLang server, or else export
-        them for `update_weights_from_disk` (the answer then carries the directory as `path`).
-        Returns timing and the new weight version."""
-        answer = await self._post_all("/learner/sync", {})
-        return answer["metrics"] | ({"path": answer["path"]} if "path" in answer else {})
+        them for `update_weights_from_disk` (the reply then names the directory as `path`)."""
+        return await self._post_all(SYNC, Empty())
 
-    async def save(self, step: int, extra: dict[str, Any], *, export: bool) -> dict[str, float]:
+    async def save(self, step: int, extra: dict[str, Any], *, export: bool) -> SaveReply:
         """Save (and export) on every rank; with `checkpoint.background` this returns once the
         state is staged. Seconds of the blocking part and of the previous background write."""
-        answer = await self._post_all("/learner/save", {"step": step, "extra": extra, "export": export})
-        return answer.get("metrics", {})
+        return await self._post_all(SAVE, SaveRequest(step=step, extra=extra, export=export))
 
-    async def wait_saved(self) -> dict[str, float]:
+    async def wait_saved(self) -> SaveReply:
         """Wait until a background save in flight is committed (raises if it failed)."""
-        return (await self._post_all("/learner/wait", {})).get("metrics", {})
+        return await self._post_all(WAIT, Empty())
 
-    async def load(self, source: Path | None = None) -> tuple[int, dict[str, Any]] | None:
-        """Restore the latest checkpoint of `source` (default: this run); None when there is none."""
-        answer = await self._post_all("/learner/load", {"run_dir": str(source or self.run_dir)})
-        return (answer["step"], answer["extra"]) if answer.get("found") else None
+    async def load(self, source: Path | None = None) -> LoadReply:
+        """Restore the latest checkpoint of `source` (default: this run); `found` is false when there is none."""
+        return await self._post_all(LOAD, LoadRequest(run_dir=str(source or self.run_dir)))
 
     async def release(self, *, weights: bool = False) -> None:
         """Colocated engines free their memory for training: KV cache (and CUDA graphs); with
         `weights` a colocated SGLang server frees its weights too (the next sync restores them)."""
-        await self._post_all("/learner/release", {"weights": weights})
+        await self._post_all(RELEASE, ReleaseRequest(weights=weights))
 
     async def resume(self) -> None:
         """Give back whatever `release` freed and the weight sync did not restore."""
-        await self._post_all("/learner/resume", {})
+        await self._post_all(RESUME, Empty())
 
-    async def info(self) -> dict[str, Any]:
-        r = await self._http.get(self.urls[0] + "/learner/info")
-        return r.json()
+    async def info(self) -> InfoReply:
+        return await self._request(self.urls[0], INFO, Empty(), check=True)
 
-    async def _post_all(self, path: str, body: dict[str, Any], *, check: bool = True) -> dict[str, Any]:
-        answers: list[dict[str, Any] | None] = [None] * self.world_size
+    async def _post_all(self, route: Route[Any, Reply], request: Any, *, check: bool = True) -> Reply:
+        answers: list[Reply | None] = [None] * self.world_size
         failed: list[LearnerError] = []
 
         async def one(rank: int, scope: anyio.CancelScope) -> None:
             try:
-                answers[rank] = await self._post(self.urls[rank], path, body, check=check)
+                answers[rank] = await self._request(self.urls[rank], route, request, check=check)
             except LearnerError as exc:
                 failed.append(exc)
                 scope.cancel()  # the other ranks may wait forever in the failed collective
@@ -198,19 +221,24 @@ class LearnerGroup:
                 tg.start_soon(one, rank, tg.cancel_scope)
         if failed:  # one LearnerError for the caller to catch, not an exception group
             raise failed[0]
-        return answers[0] or {}
+        return answers[0]
 
-    async def _post(self, url: str, path: str, body: dict[str, Any], *, check: bool) -> dict[str, Any]:
+    async def _request(self, url: str, route: Route[Any, Reply], request: Any, *, check: bool) -> Reply | None:
+        """`request` to one rank; its reply, or None for a failure when not `check`."""
+        body = encode(request) if route.method == "POST" else None
         try:
-            r = await self._http.post(url + path, json=body)
+            r = await self._http.request(route.method, url + route.path, content=body,
+                                         headers={"content-type": "application/json"})
         except httpx.HTTPError as exc:
             if not check:
-                return {}
-            raise LearnerError(f"{path} on {url}: {exc!r}\n{self.log_tail()}") from None
-        data = r.json() if r.content else {}
-        if check and (r.status_code != 200 or not data.get("success", True)):
-            raise LearnerError(f"{path} on {url} failed ({r.status_code}): {data.get('message', data)}\n{self.log_tail()}")
-        return data
+                return None
+            raise LearnerError(f"{route.path} on {url}: {exc!r}\n{self.log_tail()}") from None
+        if r.status_code != 200:
+            if not check:
+                return None
+            raise LearnerError(f"{route.path} on {url} failed ({r.status_code}): {failure_message(r.content)}\n"
+                               f"{self.log_tail()}")
+        return route.decode_reply(r.content)
 
 
 def _free_port_run(n: int, start: int = 31000) -> int:

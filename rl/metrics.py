@@ -188,7 +188,10 @@ class MetricsWriter:
     Each line is `{"step": s, "time": unix_s, **scalars}`, flushed and fsync'd before `write`
     returns, so a killed run keeps every finished step. `start_step` is the step the run resumes
     at: existing lines with step >= start_step are dropped (0, a fresh run, keeps none), so the
-    curve of a resumed run has no duplicates; TensorBoard is told to purge the same steps.
+    curve of a resumed run has no duplicates. RUN/tb mirrors the file: its event files are
+    rewritten from the kept lines when the writer opens, so TensorBoard (and any reader of the
+    event files) sees each step once after a resume, and a fresh run in an old directory starts
+    a new curve there too.
 
     Example:
         with MetricsWriter(run_dir, start_step=12) as writer:
@@ -199,9 +202,9 @@ class MetricsWriter:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
-        _keep_before(self.path, start_step)
+        kept = _keep_before(self.path, start_step)
         self._file = open(self.path, "ab")
-        self._tb = _summary_writer(self.run_dir / TB_DIR, start_step) if tensorboard else None
+        self._tb = _summary_writer(self.run_dir / TB_DIR, kept) if tensorboard else None
 
     def write(self, step: int, scalars: Scalars) -> dict[str, float | str | None]:
         """Record one step; returns the flattened values that were written. `step` and `time`
@@ -212,9 +215,7 @@ class MetricsWriter:
         self._file.flush()
         os.fsync(self._file.fileno())
         if self._tb is not None:
-            for name, value in flat.items():
-                if isinstance(value, float):
-                    self._tb.add_scalar(name, value, step)
+            _add_scalars(self._tb, line)
             self._tb.flush()
         return flat
 
@@ -232,25 +233,46 @@ class MetricsWriter:
         self.close()
 
 
-def _summary_writer(log_dir: Path, start_step: int) -> Any:
+def _summary_writer(log_dir: Path, rows: list[dict[str, Any]]) -> Any:
+    """A SummaryWriter on `log_dir` whose only events are `rows` (the lines metrics.jsonl kept).
+
+    Earlier event files are removed rather than purged with `purge_step`: a purge is a marker
+    that some readers apply and others do not, so their curves would show the re-run steps twice.
+    """
     # Imported here: torch + tensorboard take seconds to import, and `cuda-agent plot` and the
     # readers of metrics.jsonl need neither.
     from torch.utils.tensorboard import SummaryWriter
 
-    return SummaryWriter(log_dir=str(log_dir), purge_step=start_step if start_step > 0 else None)
+    for old in log_dir.glob("events.out.tfevents.*"):
+        old.unlink()
+    writer = SummaryWriter(log_dir=str(log_dir))
+    for row in rows:
+        _add_scalars(writer, row)
+    writer.flush()
+    return writer
 
 
-def _keep_before(path: Path, start_step: int) -> None:
-    """Rewrite `path` with only the well-formed lines of steps before `start_step` (atomic)."""
+def _add_scalars(writer: Any, line: Mapping[str, Any]) -> None:
+    """A metrics.jsonl line's numbers as TensorBoard scalars at its step and time."""
+    step, walltime = line["step"], line.get("time")
+    for name, value in line.items():
+        if name not in _RESERVED and isinstance(value, float):
+            writer.add_scalar(name, value, step, walltime=walltime)
+
+
+def _keep_before(path: Path, start_step: int) -> list[dict[str, Any]]:
+    """Rewrite `path` with only the well-formed lines of steps before `start_step` (atomic);
+    returns those lines."""
     if not path.exists():
-        return
-    kept = [orjson.dumps(row) + b"\n" for row in _rows(path) if row["step"] < start_step]
+        return []
+    rows = [row for row in _rows(path) if row["step"] < start_step]
     tmp = path.with_suffix(".jsonl.tmp")
     with open(tmp, "wb") as f:
-        f.writelines(kept)
+        f.writelines(orjson.dumps(row) + b"\n" for row in rows)
         f.flush()
         os.fsync(f.fileno())
     tmp.replace(path)
+    return rows
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
@@ -279,8 +301,10 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
 def format_progress(
     step: int, total: int, scalars: Mapping[str, Any], step_s: float | None, eta_s: float | None
 ) -> str:
-    """`[step 3/100] reward 1.25 pass 62% | 41.2s/step | ETA 1h07m` (missing parts left out)."""
-    parts = [f"[step {step}/{total}]"]
+    """`[step 3 (4/100)] reward 1.25 pass 62% | 41.2s/step | ETA 1h07m` after step 3 of 0..99
+    (missing parts left out). Steps are numbered from 0 as in metrics.jsonl, the log and the
+    checkpoints; the fraction counts the steps done."""
+    parts = [f"[step {step} ({step + 1}/{total})]"]
     if (reward := _get(scalars, "reward_mean")) is not None:
         parts.append(f"reward {reward:.2f}")
     if (passed := _get(scalars, "pass_rate")) is not None:
@@ -335,7 +359,7 @@ class ProgressBar:
         done = step + 1 - self._first_step
         step_s = (self.clock() - self._started) / done if done > 0 else None
         eta = step_s * max(self.total - step - 1, 0) if step_s is not None else None
-        line = format_progress(step + 1, self.total, scalars, step_s, eta)
+        line = format_progress(step, self.total, scalars, step_s, eta)
         if self._tty:
             self.out.write("\r\x1b[2K" + line)
         else:

@@ -1,18 +1,20 @@
-"""`cuda-agent plot RUN_DIR [--out DIR]`: the training curves of a run, as PNG files.
+"""`cuda-agent plot --out RUN [--plots DIR]`: the training curves of a run, as PNG files.
 
 What it is: reads RUN/metrics.jsonl (`rl/metrics.py`) and draws one figure per topic with
 matplotlib's Agg canvas (no display, no pyplot state): reward with its min/max band, the count
-of each reward value, milestone rates, entropy, critic explained variance, truncated share, PPO
-clipping, the train-vs-rollout log-prob gap, the time split of a step, throughput and MFU. A
-figure is drawn only when at least one of its keys was logged. Also `print_reward_curve`, the
-compact text curve the smoke run prints in the terminal. What it is not: a dashboard
+of each reward value, milestone rates, entropy, critic explained variance, the losses (policy,
+value, and the RFT stage's SFT loss), truncated share, PPO clipping, the train-vs-rollout
+log-prob gap, the time split of a step, throughput and MFU. A panel is drawn only when one of
+its keys was logged, a figure only when one of its panels is. Steps are the integers of
+metrics.jsonl (from 0); shares are drawn on a fixed [0, 1] axis. Also `print_reward_curve`,
+the compact text curve the smoke run prints in the terminal. What it is not: a dashboard
 (TensorBoard reads RUN/tb).
 
 Keys are looked up as written by the trainer (`train/entropy`); a bare name (`entropy`) logged
 without its group is accepted too.
 
-    cuda-agent plot runs/smoke              # -> runs/smoke/plots/*.png
-    cuda-agent plot runs/smoke --out /tmp/p
+    cuda-agent plot --out runs/smoke            # -> runs/smoke/plots/*.png
+    cuda-agent plot runs/smoke --plots /tmp/p   # the run directory may also come first
 """
 
 from __future__ import annotations
@@ -25,19 +27,23 @@ from typing import Any, TextIO
 
 from msgspec import Struct
 
+from agentcore.cli import HelpFormatter, UsageError
 from rl.metrics import METRICS_FILE, read_metrics
 
 Rows = Sequence[dict[str, Any]]
 
 
 class Panel(Struct, frozen=True, kw_only=True):
-    """One axes: lines for `series` (key, label), an optional shaded (low key, high key) band."""
+    """One axes: lines for `series` (key, label), an optional shaded (low key, high key) band;
+    `share` fixes the y axis to [0, 1] (rates, fractions), `counts` gives it whole-number ticks."""
 
     title: str
     series: tuple[tuple[str, str], ...]
     band: tuple[str, str] | None = None
     ylabel: str = ""
     stacked: bool = False
+    share: bool = False
+    counts: bool = False
 
 
 class Figure(Struct, frozen=True, kw_only=True):
@@ -65,6 +71,7 @@ FIGURES: tuple[Figure, ...] = (
             Panel(
                 title="Milestone rates",
                 ylabel="share of trajectories",
+                share=True,
                 series=(
                     ("rollout/pass_rate", "correct (reward > 0)"),
                     ("rollout/faster_than_eager_rate", "faster than eager"),
@@ -80,6 +87,7 @@ FIGURES: tuple[Figure, ...] = (
                 title="Rewards per step",
                 ylabel="trajectories",
                 stacked=True,
+                counts=True,
                 series=(
                     ("rollout/reward_count/-1", "-1 failed"),
                     ("rollout/reward_count/1", "1 correct"),
@@ -110,6 +118,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         name="losses",
         panels=(
+            Panel(title="RFT loss", series=(("train/sft_loss", "SFT loss (rft stage)"),),
+                  ylabel="nats/token"),
             Panel(title="Policy loss", series=(("train/policy_loss", "policy"),)),
             Panel(title="Value loss", series=(("train/value_loss", "value"),)),
         ),
@@ -124,13 +134,15 @@ FIGURES: tuple[Figure, ...] = (
                     ("rollout/response_clip_frac", "response at budget"),
                 ),
                 ylabel="share of trajectories",
+                share=True,
             ),
         ),
     ),
     Figure(
         name="clipping",
         panels=(
-            Panel(title="Clip fraction", series=(("train/clipfrac", "clipfrac"),)),
+            Panel(title="Clip fraction", series=(("train/clipfrac", "clipfrac"),),
+                  ylabel="share of action tokens", share=True),
             Panel(
                 title="Importance ratio",
                 series=(
@@ -169,8 +181,10 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         name="throughput",
         panels=(
-            Panel(title="Training throughput", series=(("perf/tokens_per_s", "tokens/s"),)),
-            Panel(title="MFU", series=(("perf/mfu", "MFU"),)),
+            Panel(title="Training throughput", series=(("perf/tokens_per_s", "tokens/s"),),
+                  ylabel="tokens/s"),
+            Panel(title="MFU", series=(("perf/mfu", "MFU"),), ylabel="share of peak FLOP/s",
+                  share=True),
         ),
     ),
 )
@@ -186,7 +200,13 @@ def column(rows: Rows, key: str) -> tuple[list[int], list[float]] | None:
     return None
 
 
+def _has_data(rows: Rows, panel: Panel) -> bool:
+    return any(column(rows, key) for key, _ in panel.series)
+
+
 def _draw_panel(ax: Any, rows: Rows, panel: Panel) -> bool:
+    from matplotlib.ticker import MaxNLocator
+
     found = [(label, col) for key, label in panel.series if (col := column(rows, key))]
     if not found:
         return False
@@ -207,6 +227,13 @@ def _draw_panel(ax: Any, rows: Rows, panel: Panel) -> bool:
             ax.plot(steps, values, marker="." if len(steps) < 50 else None, label=label)
     ax.set_title(panel.title)
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+    ax.ticklabel_format(axis="y", useOffset=False)  # 1.0001, not "+1" above the axis and 0.0001
+    if panel.share:  # a little room so lines at exactly 0 or 1 stay visible
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_yticks([0, 0.25, 0.5, 0.75, 1])
+    if panel.counts:
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     if panel.ylabel:
         ax.set_ylabel(panel.ylabel)
     ax.grid(alpha=0.3)
@@ -224,27 +251,28 @@ def _stack(ax: Any, found: list[tuple[str, tuple[list[int], list[float]]]]) -> N
 
 def draw(rows: Rows, out_dir: Path) -> list[Path]:
     """Write one PNG per figure that has data; returns the paths written."""
-    from matplotlib.figure import Figure as MplFigure  # Agg canvas on save, no pyplot
-
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for spec in FIGURES:
-        fig = MplFigure(figsize=(5.5 * len(spec.panels), 3.8))
-        # fixed margins: a layout engine would draw every figure twice
-        fig.subplots_adjust(
-            left=0.12 / len(spec.panels), right=0.98, bottom=0.14, top=0.9, wspace=0.25
-        )
-        axes = fig.subplots(1, len(spec.panels), squeeze=False)[0]
-        drawn = [_draw_panel(ax, rows, panel) for ax, panel in zip(axes, spec.panels)]
-        if not any(drawn):
-            continue
-        for ax, ok in zip(axes, drawn):
-            if not ok:
-                ax.set_axis_off()
-        path = out_dir / f"{spec.name}.png"
-        fig.savefig(path, dpi=100)
-        written.append(path)
+        if (fig := render(spec, rows)) is not None:
+            path = out_dir / f"{spec.name}.png"
+            fig.savefig(path, dpi=100)
+            written.append(path)
     return written
+
+
+def render(spec: Figure, rows: Rows) -> Any:
+    """The matplotlib Figure of `spec` with the panels that have data; None when none has."""
+    from matplotlib.figure import Figure as MplFigure  # Agg canvas on save, no pyplot
+
+    panels = [panel for panel in spec.panels if _has_data(rows, panel)]
+    if not panels:
+        return None
+    # constrained layout: titles, tick labels and axis labels inside the image
+    fig = MplFigure(figsize=(5.5 * len(panels), 3.8), layout="constrained")
+    for ax, panel in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
+        _draw_panel(ax, rows, panel)
+    return fig
 
 
 def print_reward_curve(rows: Rows, *, width: int = 30, out: TextIO | None = None) -> str:
@@ -266,12 +294,30 @@ def print_reward_curve(rows: Rows, *, width: int = 30, out: TextIO | None = None
     return text
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="cuda-agent plot", description=__doc__.split("\n")[0])
-    parser.add_argument("run_dir", type=Path, help="a run directory with metrics.jsonl")
-    parser.add_argument("--out", type=Path, default=None, help="where the PNGs go (RUN_DIR/plots)")
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="cuda-agent plot", description=__doc__.split("\n")[0],
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("run", nargs="?", type=Path, metavar="RUN", help="the run directory (same as --out)")
+    parser.add_argument("--out", type=Path, metavar="RUN",
+                        help="the run directory: the --out of `cuda-agent train` or `smoke`")
+    parser.add_argument("--plots", type=Path, metavar="DIR", help="where the PNGs go (default: RUN/plots)")
     args = parser.parse_args(argv)
-    run_dir: Path = args.run_dir
+    if args.run and args.out and args.run != args.out:
+        raise UsageError(f"two run directories, {args.run} and --out {args.out}; "
+                         "give one (the PNGs' directory is --plots)")
+    args.out = args.out or args.run
+    if args.out is None:
+        raise UsageError("which run? give its directory: cuda-agent plot --out RUN")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse_args(argv)
+    except UsageError as exc:
+        print(f"cuda-agent plot: {exc}", file=sys.stderr)
+        return 2
+    run_dir: Path = args.out
     if not run_dir.is_dir():
         print(f"cuda-agent plot: no run directory at {run_dir}", file=sys.stderr)
         return 2
@@ -281,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             f"cuda-agent plot: {run_dir / METRICS_FILE} is missing or has no steps", file=sys.stderr
         )
         return 1
-    written = draw(rows, args.out or run_dir / "plots")
+    written = draw(rows, args.plots or run_dir / "plots")
     print(f"{len(rows)} steps, {len(written)} figures:")
     for path in written:
         print(f"  {path}")

@@ -3,9 +3,13 @@
     smoke       - the README's main job: a tiny random model on the bundled demonstration tasks,
                   rejection fine-tuning on demonstrations driven through the real tools, value
                   pretraining, then a few PPO steps with real compile / verify / profile on one
-                  GPU (or the fake kernel environment on a machine without one);
+                  GPU;
+    smoke_cpu   - the same on a machine without a GPU: learner on CPU, the fake kernel
+                  environment (nothing compiled or timed), 4 RFT steps; `cuda-agent train`'s
+                  default there;
     single_gpu  - a real model on one GPU: learner, engine and verification share it (timing is
-                  less stable than with an exclusive verification GPU);
+                  less stable than with an exclusive verification GPU); `cuda-agent train`'s
+                  default on a machine with a GPU;
     node_8gpu   - the paper's layout on one 8-GPU node: learner + colocated engines on GPUs 0-5,
                   verification and profiling exclusive on GPUs 6-7; global batch 1024.
     node_4gpu,  - the same layout scaled down (what the lent 2- and 4-GPU machines can run):
@@ -56,7 +60,7 @@ def smoke() -> TrainConfig:
         # demonstrations (CPU: sft loss 0.05 after 100 steps, 0.0008 after 200), so its PPO
         # rollouts make well-formed tool calls and real kernels get compiled, verified and profiled.
         # With four demonstrations the two longer ones (argmax, cross-entropy) came out garbled on
-        # the CPU (the model mixes them up); session 6's GPU smoke with four: 75% parse errors.
+        # the CPU (the model mixes them up); a GPU smoke run with four: 75% parse errors.
         steps=StepsConfig(rft=200, value=4, ppo=3),
         # Demonstrations whose problems verify in seconds (the 6 GB elementwise ones take a minute).
         data=DataConfig(tasks="demos", demos=2, tasks_per_step=2, samples_per_task=4,

@@ -2,16 +2,20 @@
 
 What it is: `open_run(cfg)`, which opens (and on exit closes, shielded) the kernel environment
 (compile pool + GPU queue, or the fake one), the learner ranks with their embedded engines, the
-engine clients (one per rank, behind the sticky router), the metrics writer, and returns a
+engine clients (one per rank, behind the sticky router) and the sandbox workspaces, and returns a
 `Run` whose `rollouts()` runs a batch of tasks through the orchestrator into a resumable
-trajectory file.
+trajectory file. A `Run` is frozen: what changes from step to step lives in the loop.
 
     cuda-agent train (this process, one anyio task-group tree)
       |- kernel env: compile pool (subprocesses) + GPU queue (worker process per GPU)
       |- learner ranks (torchrun process group): FSDP2 actor/critic + embedded engine + HTTP
       |- orchestrator per rollout batch -> engines (HTTP) / tools (sandbox) / scorer
-      `- metrics: JSON lines + TensorBoard
-What it is not: the order of stages (`rl/stages.py`) or the command line (`rl/train.py`).
+      `- metrics: JSON lines + TensorBoard (opened by the loop, which knows the step it starts at)
+What it is not: the training loop (`rl/train.py`) or the parts of its steps (`rl/stages.py`).
+
+Example:
+    async with open_run(cfg) as run:
+        trajs = await run.rollouts(items, tag="ppo_000003")   # RUN/rollouts/ppo_000003.jsonl
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ import logging
 import shutil
 import tempfile
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable
 
 import anyio
 import msgspec
@@ -39,63 +44,32 @@ from agentcore.tiny_tokenizer import build_tiny_tokenizer, load_tokenizer
 from agentcore.toolparse import tool_schemas
 from agentcore.types import Message, Task, Trajectory
 from rl.config import TrainConfig, save_config
-from rl.learner_client import LearnerError, LearnerGroup
-from rl.metrics import MetricsWriter
+from rl.learner_client import LearnerGroup
 from rl.scoring import EnvScorer
-from rl.weight_sync import WeightSyncError, sync_disk
 
 log = logging.getLogger("cuda-agent.train")
 
 
+@dataclass(frozen=True, kw_only=True)
 class Run:
-    """The open parts of a training run (see module docstring)."""
+    """The open parts of a training run (see module docstring); nothing in it changes per step."""
 
-    def __init__(self, cfg: TrainConfig, run_dir: Path, renderer: ChatRenderer, learner: LearnerGroup,
-                 engine: Engine, env: KernelEnv, scorer, stats: Callable[[], dict]) -> None:
-        self.cfg, self.run_dir, self.renderer, self.learner = cfg, run_dir, renderer, learner
-        self.engine, self.env, self.scorer = engine, env, scorer
-        self.resources = Resources(cfg.orchestrator)
-        self.env_statistics = stats
-        self.metrics: MetricsWriter | None = None  # opened by the plan once the start step is known
-        self.pools: dict[str, list] = {}  # what rft / value pretraining learn from, collected once
-        self.version = 0  # weight version of the engines
-        self.clients: list[SGLangClient] = []  # one per engine server
-        self.stage_end = 0  # first global step after the current stage
-        self.prefetched: dict[int, list[Trajectory]] = {}  # rollouts of a next step (bounded staleness)
-        self.collect_metrics: dict[str, float] = {}  # rollout metrics of the last collection
-        # Workspaces live in a fresh system temp dir the sandbox's unprivileged uid can traverse
-        # (a run dir may sit under a 0700 directory); removed when the run closes.
-        self.workspaces = Path(tempfile.mkdtemp(prefix="cuda-agent-ws-"))
-        self.workspaces.chmod(0o711)
-
-    def close_workspaces(self) -> None:
-        shutil.rmtree(self.workspaces, ignore_errors=True)
-
-    async def sync_weights(self) -> dict[str, float]:
-        """Learner -> engines: in-process for the embedded engines; with `sglang_tensor` each
-        rank sends its colocated server the tensors itself (`rl/learner/rank.py`); otherwise SGLang
-        servers load the exported HF directory (`update_weights_from_disk`). A failed sync
-        raises before the step's metrics and checkpoint are written: `--resume` redoes the step
-        from its stored trajectories and publishes the checkpoint's weights first."""
-        try:
-            metrics = await self.learner.sync_weights()
-            path = metrics.pop("path", None)
-            if path is not None:
-                report = await sync_disk(self.clients, path, int(metrics["version"]), self.cfg.weight_sync)
-                metrics["weight_sync_s"] = metrics.get("export_s", 0.0) + report.seconds
-        except (LearnerError, WeightSyncError) as exc:
-            raise type(exc)(f"weight sync failed; checkpoints and stored trajectories are intact, so "
-                            f"`cuda-agent train --resume` redoes this step once the engines work: {exc}") from exc
-        self.version = int(metrics.get("version", self.version))
-        return metrics
-
-    def open_metrics(self, start_step: int) -> MetricsWriter:
-        self.metrics = MetricsWriter(self.run_dir, start_step=start_step)
-        return self.metrics
-
-    def close_metrics(self) -> None:
-        if self.metrics is not None:
-            self.metrics.close()
+    cfg: TrainConfig
+    run_dir: Path
+    renderer: ChatRenderer
+    learner: LearnerGroup
+    engine: Engine
+    """What rollouts generate with: the one engine server's client, or the router over several."""
+    clients: list[SGLangClient]
+    """One per engine server (weight sync from disk reaches every one)."""
+    env: KernelEnv
+    scorer: Any
+    env_statistics: Callable[[], dict]
+    """The kernel environment's queue figures, for the step's metrics and progress lines."""
+    resources: Resources
+    """The orchestrator's limiters, shared by every rollout batch of the run."""
+    workspaces: Path
+    """Where the sandbox's task workspaces live (removed when the run closes)."""
 
     async def rollouts(
         self,
@@ -134,7 +108,6 @@ class Run:
             found = {(t.group_id, t.sample_index): t for t in store.existing()}
         found |= {(t.group_id, t.sample_index): t for g in groups for t in g.trajectories}
         return [found[k] for k in sorted(found)]
-
 
     async def _report_progress(self, tag: str, orch: Orchestrator, groups: int) -> None:
         """A log line every `progress_every_s` while a batch runs: a stalled collection shows
@@ -178,11 +151,18 @@ async def open_run(cfg: TrainConfig) -> AsyncIterator[Run]:
         env, scorer, stats = await _kernel_env(cfg, stack)
         learner = await stack.enter_async_context(LearnerGroup(cfg, run_dir))
         engine, clients = await _engine(cfg, learner, stack)
-        run = Run(cfg, run_dir, renderer, learner, engine, env, scorer, stats)
-        run.clients = clients
-        stack.callback(run.close_metrics)
-        stack.callback(run.close_workspaces)
-        yield run
+        yield Run(cfg=cfg, run_dir=run_dir, renderer=renderer, learner=learner, engine=engine, clients=clients,
+                  env=env, scorer=scorer, env_statistics=stats, resources=Resources(cfg.orchestrator),
+                  workspaces=_workspaces(stack))
+
+
+def _workspaces(stack: AsyncExitStack) -> Path:
+    """A fresh system temp dir the sandbox's unprivileged uid can traverse (a run dir may sit
+    under a 0700 directory), removed when the run closes."""
+    path = Path(tempfile.mkdtemp(prefix="cuda-agent-ws-"))
+    path.chmod(0o711)
+    stack.callback(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def _check_weight_sync(cfg: TrainConfig) -> None:

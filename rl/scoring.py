@@ -22,7 +22,7 @@ import msgspec
 from agentcore.kernel_env import KernelEnv
 from agentcore.types import Task, Trajectory
 
-MARGIN = 0.05  # "more than 5% faster": (t0 - t) / t0 > 0.05 (REFERENCE.md section 1)
+MARGIN = 0.05  # "more than 5% faster": (t0 - t) / t0 > 0.05 (rewards/README.md, the reward)
 
 
 def milestone_reward(candidate_ms: float, eager_ms: float, compile_ms: float) -> int:

@@ -6,12 +6,17 @@ solutions of bundled KernelBench tasks, driven through the real tools and scored
 environment - then the critic is pretrained and a few agentic PPO steps run with real compile,
 verify and profile. Everything is the production path: learner rank process with FSDP2, the
 embedded engine behind SGLang's HTTP API, the orchestrator, sandbox, compile pool, GPU queue,
-checkpoints and the Hugging Face export. It prints the reward curve at the end.
+checkpoints and the Hugging Face export. It prints the reward curve, then one line saying what
+ran and whether it passed (exit status 1 if not).
 
 On a machine without a GPU it says so and runs the CPU variant (`smoke_cpu` recipe: learner on
 CPU, the fake kernel environment), which CI also runs.
 
-    cuda-agent smoke [--out DIR] [--set KEY=VALUE ...]
+--out is replaced only when it is missing, empty or an earlier smoke run's directory (its
+`.cuda-agent-run` file says so); another directory with files needs --force, and even then only
+the run's own files in it are replaced.
+
+    cuda-agent smoke [--out DIR] [--force] [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -21,13 +26,24 @@ import logging
 import shutil
 import sys
 import time
+from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from agentcore import runtime
-from rl.config import apply_overrides
-from rl.recipes import smoke, smoke_cpu
+from agentcore.cli import HelpFormatter
+from rl.train import clear_run, latest_checkpoint, mark_run, run_dir_problem
+
+if TYPE_CHECKING:
+    from rl.config import TrainConfig
+
+CPU_CANNOT_SHOW = (
+    "CPU variant: no GPU, so no kernel was compiled, verified or timed; rewards come from the fake "
+    "environment (a kernels/*.cu file and a ModelNew class pass, times are fixed), and a tiny model "
+    "after {rft} RFT steps is not expected to earn them"
+)
 
 
 def has_gpu() -> bool:
@@ -36,31 +52,97 @@ def has_gpu() -> bool:
     return torch.cuda.is_available() and shutil.which("nvcc") is not None
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="cuda-agent smoke", description=__doc__.split("\n")[0])
-    p.add_argument("--out", default="runs/smoke", help="run directory (cleared first)")
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="cuda-agent smoke", description=__doc__.split("\n")[0],
+                                formatter_class=HelpFormatter)
+    p.add_argument("--out", default="runs/smoke", metavar="DIR",
+                   help="run directory; an earlier smoke run there is replaced")
+    p.add_argument("--force", action="store_true",
+                   help="use a --out that holds other files (only a run's own files in it are replaced)")
     p.add_argument("--cpu", action="store_true", help="run the CPU variant even where a GPU exists")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override")
-    a = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override, repeatable")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    a = parse_args(argv)
+    from rl.config import apply_overrides  # torch: after --help has answered
+    from rl.recipes import smoke, smoke_cpu
+
     gpu = has_gpu() and not a.cpu
-    if not gpu:
-        print("cuda-agent smoke: no GPU (or no nvcc) on this machine: running the CPU variant "
-              "(learner on CPU, fake kernel environment)", file=sys.stderr)
     try:
         cfg = apply_overrides(smoke() if gpu else smoke_cpu(), [f"run_dir={a.out}", *a.set])
     except ValueError as exc:
-        p.error(str(exc))
-    shutil.rmtree(a.out, ignore_errors=True)
+        print(f"cuda-agent smoke: {exc}", file=sys.stderr)
+        return 2
+    out = Path(cfg.run_dir)
+    if problem := run_dir_problem(out, "smoke", force=a.force):
+        print(f"cuda-agent smoke: {problem}", file=sys.stderr)
+        return 2
+    if not gpu:
+        print("cuda-agent smoke: no GPU (or no nvcc) on this machine: running the CPU variant "
+              "(learner on CPU, fake kernel environment)", file=sys.stderr)
+    clear_run(out)
+    mark_run(out, "smoke", argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     from rl.plot import print_reward_curve
     from rl.train import run_training
 
     t0 = time.monotonic()
     rows = runtime.run(run_training, cfg)
     wall_s = time.monotonic() - t0
-    print(f"\ncuda-agent smoke ({'GPU' if gpu else 'CPU variant'}): {len(rows)} steps in {wall_s:.0f} s, run in {a.out}")
+    print(f"\ncuda-agent smoke ({'GPU' if gpu else 'CPU variant'}): {len(rows)} steps in {wall_s:.0f} s, run in {out}")
     print_reward_curve(rows)
-    summary = {"gpu": gpu, "wall_s": wall_s, "steps": len(rows), "recipe": cfg.recipe, "rows": rows}
-    (Path(a.out) / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
-    return 0
+    passed, verdict = smoke_verdict(cfg, rows, out)
+    print(verdict)
+    if not gpu:
+        print(CPU_CANNOT_SHOW.format(rft=cfg.steps.rft))
+    summary = {"gpu": gpu, "wall_s": wall_s, "steps": len(rows), "recipe": cfg.recipe, "passed": passed,
+               "verdict": verdict, "rows": rows}
+    (out / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    return 0 if passed else 1
+
+
+def smoke_verdict(cfg: TrainConfig, rows: list[dict[str, Any]], run_dir: Path) -> tuple[bool, str]:
+    """(passed, one line): what the run did - trajectories rolled out and scored, updates,
+    weight syncs, the checkpoint and Hugging Face export, the resume point - or what is missing."""
+    from rl.stages import stage_plan
+
+    planned = stage_plan(cfg)[-1].end
+    rolled, scored, updated = Counter[str](), Counter[str](), Counter[str]()
+    for row in rows:
+        stage = str(row.get("stage"))
+        for group in ("collect", "rollout"):
+            rolled[stage] += int(row.get(f"{group}/trajectories") or 0)
+            scored[stage] += int(row.get(f"{group}/scored") or 0)
+        updated[stage] += bool(row.get("train/tokens"))
+    ckpt = latest_checkpoint(run_dir)
+    exported = (run_dir / "hf" / "config.json").exists()
+    missing = []
+    if len(rows) < planned:
+        missing.append(f"{len(rows)} of {planned} steps finished")
+    if not sum(scored.values()):
+        missing.append("no trajectory was scored")
+    if sum(updated.values()) < len(rows):
+        missing.append(f"{len(rows) - sum(updated.values())} step(s) applied no update")
+    if ckpt != f"step_{planned:06d}":
+        missing.append(f"latest checkpoint {ckpt}, not step_{planned:06d}")
+    if cfg.checkpoint.export_hf and not exported:
+        missing.append(f"no Hugging Face export in {run_dir / 'hf'}")
+    if missing:
+        return False, "smoke FAILED: " + "; ".join(missing)
+    n_rolled, n_scored = sum(rolled.values()), sum(scored.values())
+    trajectories = (f"{n_rolled} trajectories rolled out and scored" if n_scored == n_rolled
+                    else f"{n_rolled} trajectories rolled out, {n_scored} scored")
+    syncs = sum(1 for row in rows if row.get("sync/version") is not None)
+    export = f" and Hugging Face export {run_dir / 'hf'}" if exported else ""
+    return True, (
+        f"smoke passed: {trajectories} ({_by_stage(rolled)}), {sum(updated.values())} updates applied "
+        f"({_by_stage(updated)}), {syncs} weight syncs to the engine, checkpoint {ckpt}{export} written; "
+        f"a resume starts at step {planned}, the end of the plan"
+    )
+
+
+def _by_stage(counts: Counter[str]) -> str:
+    return ", ".join(f"{stage} {n}" for stage, n in counts.items() if n)

@@ -1,7 +1,9 @@
-"""The paper's training stages as steps of one plan, resumable at any step.
+"""The parts of a training step, which the loop in `rl/train.py` puts in order.
 
-What it is: `stage_plan(cfg)` (which stages, how many steps each) and `train(run)`, which walks
-the global step counter through the plan:
+What it is: the plan (`stage_plan`: each stage and its global steps), the tasks of a step, the
+rollouts of a step or of a stage's one collection, the samples a step learns from, the learner
+update with the colocated engines' memory released around it, the weight sync, checkpoints, and
+the step's metric row. The stages:
   single_turn - PPO where one response holds the whole solution (warm-up, stage 1);
   rft         - rejection fine-tuning: collect agent trajectories once, keep reward > 0 and drop
                 looping / tool-schema-violating ones, SFT on their action tokens;
@@ -9,6 +11,7 @@ the global step counter through the plan:
                 to GAE targets;
   ppo         - agentic PPO: roll out, score, update actor and critic, push weights, repeat.
 `smoke` chains rft -> value -> ppo on the bundled demonstration tasks.
+What it is not: the loop (`rl/train.py`) or the open parts it runs on (`rl/run.py`).
 
 Resume: the data position is the global step (tasks for a step are a deterministic function of
 the seed and the step), rollouts of a step live in `rollouts/<stage>_<step>.jsonl` (a restarted
@@ -29,11 +32,12 @@ import logging
 import random
 import time
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Awaitable, Callable, Generic, NamedTuple, TypeVar
 
 import anyio
 import msgspec
-
 
 from agentcore.orchestrator import WorkItem
 from agentcore.rollout import RolloutConfig
@@ -41,23 +45,43 @@ from agentcore.tasks import load_tasks
 from agentcore.types import Status, Task, Trajectory
 from rl.config import TrainConfig
 from rl.demonstrations import demo_engine, demo_tasks
+from rl.learner.protocol import Metrics, SyncReply
 from rl.learner_client import LearnerError
-from rl.metrics import ProgressBar, step_metrics
+from rl.metrics import step_metrics
 from rl.run import Run
 from rl.samples import Sample, sample_from_trajectory
 from rl.selection import select_for_rft
 from rl.single_turn import SingleTurnParser, single_turn_messages
+from rl.weight_sync import WeightSyncError, sync_disk
 
 log = logging.getLogger("cuda-agent.train")
 
+T = TypeVar("T")
+
 UNUSABLE = {Status.FAILED, Status.ENGINE_ERROR, Status.ABORTED}
+ROLLOUT_STAGES = ("single_turn", "ppo")  # a step rolls out the policy; rft and value learn from one collection
+STAGE_INDEX = {"single_turn": 0, "rft": 1, "value": 2, "ppo": 3}
+UPDATE_KIND = {"single_turn": "ppo", "rft": "sft", "value": "value", "ppo": "ppo"}
 
 
-def stage_plan(cfg: TrainConfig) -> list[tuple[str, int]]:
-    s = cfg.steps
-    if cfg.stage == "smoke":
-        return [("rft", s.rft), ("value", s.value), ("ppo", s.ppo)]
-    return [(cfg.stage, getattr(s, cfg.stage))]
+class Stage(NamedTuple):
+    """A stage of the plan and its global steps: `first` .. `end - 1`."""
+
+    name: str
+    first: int
+    end: int
+
+
+def stage_plan(cfg: TrainConfig) -> list[Stage]:
+    names = ["rft", "value", "ppo"] if cfg.stage == "smoke" else [cfg.stage]
+    plan, first = [], 0
+    for name in names:
+        plan.append(Stage(name, first, first + getattr(cfg.steps, name)))
+        first = plan[-1].end
+    return plan
+
+
+# -- tasks and rollouts -----------------------------------------------------------------------------
 
 
 def training_tasks(cfg: TrainConfig) -> list[Task]:
@@ -92,118 +116,148 @@ def collection_tasks(tasks: list[Task], cfg: TrainConfig) -> list[Task]:
     return [item.task for item in tasks_for_step(tasks, capped, 0)]
 
 
-async def train(run: Run) -> list[dict]:
-    """Run the plan from wherever the run's checkpoints say; returns the metric rows written."""
-    cfg = run.cfg
+async def restore(run: Run) -> int:
+    """Load the run's latest checkpoint and return the step it records (the next to run); a fresh
+    run starts at 0, from the checkpoint of `init_from` when set."""
     found = await run.learner.load()
-    step = found[0] if found else 0
-    if found is None and cfg.init_from:
-        if await run.learner.load(Path(cfg.init_from)) is None:
-            raise SystemExit(f"init_from {cfg.init_from}: no checkpoint there")
-    run.version = int((await run.sync_weights()).get("version", 0))  # engines start from the actor
-    metrics = run.open_metrics(step)
-    progress = ProgressBar(sum(n for _, n in stage_plan(cfg)), start_step=step)
-    rows, lo = [], 0
-    tasks = training_tasks(cfg)
-    for name, n in stage_plan(cfg):
-        hi = lo + n
-        run.stage_end = hi
-        for g in range(max(step, lo), hi):
-            row = await STEPS[name](run, tasks, g, g - lo)
-            row |= {"stage": name, "step": g, "stage_index": STAGE_INDEX[name]} | _perf(row)
-            metrics.write(g, row)
-            progress.update(g, row)
-            rows.append(row)
-            log.info("step %d (%s %d/%d): %s", g, name, g - lo + 1, n, _brief(row))
-            if (g + 1) % cfg.checkpoint.every_steps == 0 or g + 1 == hi:
-                saved = await run.learner.save(g + 1, {"stage": name, "step": g + 1}, export=cfg.checkpoint.export_hf)
-                log.info("checkpoint step %d: %s", g + 1, {k: round(v, 2) for k, v in saved.items()})
-        lo = hi
-    await run.learner.wait_saved()  # the last checkpoint is committed (and exported) when train returns
-    progress.close()
-    return rows
+    if found.found:
+        return found.step
+    if run.cfg.init_from and not (await run.learner.load(Path(run.cfg.init_from))).found:
+        raise SystemExit(f"init_from {run.cfg.init_from}: no checkpoint there")
+    return 0
 
 
-# -- one step of each stage ----------------------------------------------------------------------
-
-
-async def ppo_step(run: Run, tasks: list[Task], g: int, k: int, *, single_turn: bool = False) -> dict:
-    """Roll out, update, push weights. Under `max_staleness > 0` the next step's rollouts run
-    while this step trains (their trajectories are one weight version behind)."""
-    t0 = time.perf_counter()
-    trajs = run.prefetched.pop(g, None)
-    if trajs is None:
-        trajs = await _step_rollouts(run, tasks, g, single_turn)
-    t1 = time.perf_counter()
-    samples = usable_samples(trajs, run, g)
-    times: dict[str, float] = {}
-
-    async def update() -> None:
-        nonlocal train, sync
-        if samples:
-            train, sync = await _update(run, "ppo", samples, g, times)
-        else:
-            times["time/train_s"] = times["time/weight_sync_s"] = 0.0
-
-    async def prefetch() -> None:
-        run.prefetched[g + 1] = await _step_rollouts(run, tasks, g + 1, single_turn)
-        times["time/overlapped_rollout_s"] = time.perf_counter() - t1
-
-    train: dict = {}
-    sync: dict = {}
-    async with anyio.create_task_group() as tg:
-        if run.cfg.max_staleness > 0 and g + 1 < run.stage_end:
-            tg.start_soon(prefetch)
-        await update()
-    run.version = int(sync.get("version", run.version))
-    times["time/rollout_s"] = t1 - t0
-    return _row(trajs, train, sync, times, run) | {"samples": len(samples)}
-
-
-async def _step_rollouts(run: Run, tasks: list[Task], g: int, single_turn: bool) -> list[Trajectory]:
-    items = tasks_for_step(tasks, run.cfg, g)
-    if single_turn:
-        return await run.rollouts(items, tag=f"single_turn_{g:06d}", parser=SingleTurnParser(),
+async def step_rollouts(run: Run, tasks: list[Task], step: int, stage: str) -> list[Trajectory]:
+    """The trajectories of `step`, scored by the orchestrator as each one finishes
+    (`rollouts/<stage>_<step>.jsonl`); single_turn asks for one reply that holds the solution."""
+    items = tasks_for_step(tasks, run.cfg, step)
+    if stage == "single_turn":
+        return await run.rollouts(items, tag=f"single_turn_{step:06d}", parser=SingleTurnParser(),
                                   opening=single_turn_messages, max_turns=1)
-    return await run.rollouts(items, tag=f"ppo_{g:06d}")
+    return await run.rollouts(items, tag=f"ppo_{step:06d}")
 
 
-async def single_turn_step(run: Run, tasks: list[Task], g: int, k: int) -> dict:
-    return await ppo_step(run, tasks, g, k, single_turn=True)
+class Background(Generic[T]):
+    """`fn(*args)` running in the task group `tg`: its `result` and `seconds` once the group has
+    exited. The loop prefetches the next step's rollouts this way while a step trains.
+
+    Example:
+        async with anyio.create_task_group() as tg:
+            prefetch = Background(tg, step_rollouts, run, tasks, step + 1, "ppo")
+            ...  # this step's update
+        trajs = prefetch.result
+    """
+
+    def __init__(self, tg: anyio.abc.TaskGroup, fn: Callable[..., Awaitable[T]], *args: Any) -> None:
+        self.result: T | None = None
+        self.seconds = 0.0
+        tg.start_soon(self._run, fn, *args)
+
+    async def _run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> None:
+        t0 = time.perf_counter()
+        self.result = await fn(*args)
+        self.seconds = time.perf_counter() - t0
 
 
-async def rft_step(run: Run, tasks: list[Task], g: int, k: int) -> dict:
-    first = "rft" not in run.pools
-    kept = await _collected(run, tasks, "rft", select=True)
-    if not kept:
-        raise SystemExit("rejection fine-tuning: no trajectory with reward > 0 to learn from")
-    batch = _cyclic(kept, k, run.cfg.data.tasks_per_step * run.cfg.data.samples_per_task)
-    times: dict[str, float] = {}
-    # Nothing generates between two rft steps: the engines get the weights after the stage's last
-    # step (a resumed run pushes them at its start), not after every step.
-    last = g + 1 == run.stage_end
-    scale = sft_lr_scale(run.cfg.optim.sft_lr_schedule, k, k + run.stage_end - g)
-    train, sync = await _update(run, "sft", batch, g, times, sync=last, lr_scale=scale)
-    run.version = int(sync.get("version", run.version))
-    return {f"train/{k_}": v for k_, v in train.items()} | _sync(sync) | times | {
-        "rft/kept": len(kept)} | (run.collect_metrics if first else {})
+def usable_samples(trajs: list[Trajectory], version: int, max_staleness: int) -> list[Sample]:
+    """Scored trajectories sampled by weights at most `max_staleness` versions behind `version`
+    (0: strictly on-policy), as learner samples."""
+    return [
+        sample_from_trajectory(t) for t in trajs
+        if t.reward is not None and t.status not in UNUSABLE and t.response_ids
+        and version - t.weight_version_min <= max_staleness
+    ]  # fmt: skip
 
 
-async def value_step(run: Run, tasks: list[Task], g: int, k: int) -> dict:
-    first = "value" not in run.pools
-    pool = await _collected(run, tasks, "value", select=False)
-    batch = _cyclic(pool, k, run.cfg.data.tasks_per_step * run.cfg.data.samples_per_task)
-    times: dict[str, float] = {}
-    train, _ = await _update(run, "value", batch, g, times, sync=False)
-    # the collection's rollout figures (pass rate, statuses): the policy PPO starts from
-    return {f"train/{k_}": v for k_, v in train.items()} | times | (run.collect_metrics if first else {})
+@dataclass(frozen=True)
+class Collection:
+    """What an rft or value stage learns from: one collection's samples, served in batches."""
+
+    samples: list[Sample]
+    figures: dict[str, float]
+    """The collection's rollout figures (`collect/`): for rft the demonstrations and policy
+    rollouts before the filter, for value the policy PPO starts from."""
+    batch_size: int
+
+    def batch(self, k: int) -> list[Sample]:
+        """Batch `k` of the stage: the samples in a cycle, `batch_size` at a time."""
+        n = max(1, min(self.batch_size, len(self.samples)))
+        return [self.samples[(k * n + i) % len(self.samples)] for i in range(n)]
 
 
-STAGE_INDEX = {"single_turn": 0, "rft": 1, "value": 2, "ppo": 3}
-STEPS = {"ppo": ppo_step, "single_turn": single_turn_step, "rft": rft_step, "value": value_step}
+async def collect(run: Run, tasks: list[Task], stage: str) -> Collection:
+    """Roll out the stage's collection (`rollouts/<stage>_collect`, resumable) and keep what it
+    learns from: rft the trajectories `select_for_rft` keeps, value every scored one."""
+    trajs = await collect_trajectories(run, tasks, stage)
+    figures = {f"collect/{k.split('/')[-1]}": v for k, v in step_metrics(trajs, max_response_tokens=None).items()}
+    if stage == "rft":
+        kept, dropped = select_for_rft(trajs)
+        log.info("%s: kept %d of %d trajectories; dropped %s", stage, len(kept), len(trajs), dict(dropped))
+        trajs = kept
+    samples = [sample_from_trajectory(t) for t in trajs if t.reward is not None and t.status not in UNUSABLE]
+    if not samples:
+        what = "no trajectory with reward > 0" if stage == "rft" else "no scored trajectory"
+        raise SystemExit(f"{stage}: {what} to learn from")
+    return Collection(samples, figures, run.cfg.data.tasks_per_step * run.cfg.data.samples_per_task)
 
 
-# -- one learner update, with the colocated engines' memory released around it ---------------------
+async def collect_trajectories(run: Run, tasks: list[Task], stage: str) -> list[Trajectory]:
+    """rft: the demonstrations driven through the real tools (`data.demos`) and, unless they
+    suffice, the policy's rollouts; value: the policy's rollouts."""
+    cfg = run.cfg
+    items = [WorkItem(task=t, group_id=f"{t.task_id}@{stage}", samples=cfg.data.samples_per_task)
+             for t in collection_tasks(tasks, cfg)]
+    trajs: list[Trajectory] = []
+    demos_given = stage == "rft" and cfg.data.demos > 0
+    if demos_given:
+        demos = demo_tasks(cfg.data.demos, cfg.data.demo_names)
+        demo_items = [WorkItem(task=d.task, group_id=d.task.task_id, samples=1) for d in demos]
+        script = RolloutConfig(max_turns=12, max_new_tokens=16384, max_context_tokens=cfg.rollout.max_context_tokens)
+        trajs += await run.rollouts(demo_items, tag="rft_demos", engine=demo_engine(run.renderer, demos), rollout=script)
+    if stage == "value" or (cfg.data.tasks != "demos" and (cfg.data.rft_policy_rollouts or not demos_given)):
+        trajs += await run.rollouts(items, tag=f"{stage}_collect")
+    return trajs
+
+
+# -- update, weight sync, checkpoint ------------------------------------------------------------------
+
+
+async def update(run: Run, stage: Stage, step: int, samples: list[Sample], times: dict[str, float]) -> Metrics:
+    """One learner update on `samples` (ppo, sft for rft, value); rft's learning rate follows
+    `optim.sft_lr_schedule` over the stage. Records `time/train_s`."""
+    k, n = step - stage.first, stage.end - stage.first
+    scale = sft_lr_scale(run.cfg.optim.sft_lr_schedule, k, n) if stage.name == "rft" else 1.0
+    t0 = time.perf_counter()
+    reply = await run.learner.step(UPDATE_KIND[stage.name], samples, step=step, lr_scale=scale)
+    times["time/train_s"] = time.perf_counter() - t0
+    return reply.metrics
+
+
+def sft_lr_scale(schedule: str, k: int, n: int) -> float:
+    """Multiplier of sft_lr at step k (0-based) of an n-step rft stage: 1 (constant), or falling
+    linearly from 1 to 1/n (linear)."""
+    return 1.0 if schedule == "constant" else (n - k) / n
+
+
+async def sync_weights(run: Run, times: dict[str, float] | None = None) -> SyncReply:
+    """Learner -> engines: in-process for the embedded engines; with `sglang_tensor` each rank
+    sends its colocated server the tensors itself (`rl/learner/rank.py`); otherwise SGLang servers
+    load the exported HF directory (`update_weights_from_disk`). A failed sync raises before the
+    step's metrics and checkpoint are written: `--resume` redoes the step from its stored
+    trajectories and publishes the checkpoint's weights first. Records `time/weight_sync_s`."""
+    t0 = time.perf_counter()
+    try:
+        reply = await run.learner.sync_weights()
+        if reply.path is not None:
+            report = await sync_disk(run.clients, reply.path, reply.version, run.cfg.weight_sync)
+            seconds = reply.metrics.get("export_s", 0.0) + report.seconds
+            reply = msgspec.structs.replace(reply, metrics=reply.metrics | {"weight_sync_s": seconds})
+    except (LearnerError, WeightSyncError) as exc:
+        raise type(exc)(f"weight sync failed; checkpoints and stored trajectories are intact, so "
+                        f"`cuda-agent train --resume` redoes this step once the engines work: {exc}") from exc
+    if times is not None:
+        times["time/weight_sync_s"] = time.perf_counter() - t0
+    return reply
 
 
 def releases_memory(cfg: TrainConfig) -> bool:
@@ -213,32 +267,12 @@ def releases_memory(cfg: TrainConfig) -> bool:
     return cfg.engine.release_during_training and colocated and cfg.max_staleness == 0
 
 
-def sft_lr_scale(schedule: str, k: int, n: int) -> float:
-    """Multiplier of sft_lr at step k (0-based) of an n-step rft stage: 1 (constant), or falling
-    linearly from 1 to 1/n (linear)."""
-    return 1.0 if schedule == "constant" else (n - k) / n
-
-
-async def _update(run: Run, kind: str, samples: list[Sample], g: int, times: dict[str, float], *,
-                  sync: bool = True, lr_scale: float = 1.0) -> tuple[dict, dict]:
-    """learner.step, then (with `sync`) the weight push; fills `times` (train, sync, release,
-    resume seconds) and returns (train metrics, sync metrics)."""
-    pushed: dict = {}
-    async with _released(run, times, weights=sync):
-        t0 = time.perf_counter()
-        train = await run.learner.step(kind, samples, step=g, lr_scale=lr_scale)
-        times["time/train_s"] = time.perf_counter() - t0
-        if sync:
-            pushed = await run.sync_weights()
-            times["time/weight_sync_s"] = time.perf_counter() - t0 - times["time/train_s"]
-    return train, pushed
-
-
 @asynccontextmanager
-async def _released(run: Run, times: dict[str, float], *, weights: bool):
-    """Release the colocated engines' memory for the block, resume it after. A failure inside
-    (or of the release itself) still resumes, shielded and best-effort, so the servers are whole
-    for `--resume`; the original error is the one raised."""
+async def engines_released(run: Run, times: dict[str, float], *, weights: bool):
+    """Release the colocated engines' memory for the block (with `weights`, a colocated SGLang
+    server's weights too: a sync inside restores them), resume it after. A failure inside (or of
+    the release itself) still resumes, shielded and best-effort, so the servers are whole for
+    `--resume`; the original error is the one raised. Records `time/release_s`, `time/resume_s`."""
     if not releases_memory(run.cfg):
         yield
         return
@@ -255,7 +289,7 @@ async def _released(run: Run, times: dict[str, float], *, weights: bool):
     times["time/resume_s"] = time.perf_counter() - t0
 
 
-async def _checked(what: str, command) -> None:
+async def _checked(what: str, command: Awaitable[None]) -> None:
     try:
         await command
     except LearnerError as exc:
@@ -271,74 +305,42 @@ async def _resume_quietly(run: Run) -> None:
             log.error("could not restore the engines' memory after a failed update: %s", exc)
 
 
-# -- helpers ----------------------------------------------------------------------------------------
+async def save_checkpoint(run: Run, step: int, stage: str) -> None:
+    """Checkpoint the learner as of `step`, the next step to run (and export the actor to RUN/hf)."""
+    saved = await run.learner.save(step, {"stage": stage, "step": step}, export=run.cfg.checkpoint.export_hf)
+    log.info("checkpoint step %d: %s", step, {k: round(v, 2) for k, v in saved.metrics.items()})
 
 
-async def _collected(run: Run, tasks: list[Task], stage: str, *, select: bool) -> list[Sample]:
-    """The trajectories a stage learns from, collected once per run (`rollouts/<stage>_collect`)."""
-    if stage not in run.pools:
-        trajs = await _collect(run, tasks, stage)
-        run.collect_metrics = {f"collect/{k.split('/')[-1]}": v for k, v in step_metrics(trajs, max_response_tokens=None).items()}
-        if select:
-            kept, dropped = select_for_rft(trajs)
-            log.info("%s: kept %d of %d trajectories; dropped %s", stage, len(kept), len(trajs), dict(dropped))
-            trajs = kept
-        run.pools[stage] = [sample_from_trajectory(t) for t in trajs if t.reward is not None and t.status not in UNUSABLE]
-    return run.pools[stage]
+# -- the step's metric row --------------------------------------------------------------------------
 
 
-async def _collect(run: Run, tasks: list[Task], stage: str) -> list[Trajectory]:
-    cfg = run.cfg
-    tasks = collection_tasks(tasks, cfg)
-    items = [WorkItem(task=t, group_id=f"{t.task_id}@{stage}", samples=cfg.data.samples_per_task) for t in tasks]
-    trajs: list[Trajectory] = []
-    demos_given = stage == "rft" and cfg.data.demos > 0
-    if demos_given:
-        demos = demo_tasks(cfg.data.demos, cfg.data.demo_names)
-        demo_items = [WorkItem(task=d.task, group_id=d.task.task_id, samples=1) for d in demos]
-        script = RolloutConfig(max_turns=12, max_new_tokens=16384, max_context_tokens=cfg.rollout.max_context_tokens)
-        trajs += await run.rollouts(demo_items, tag="rft_demos", engine=demo_engine(run.renderer, demos), rollout=script)
-    if stage == "value" or (cfg.data.tasks != "demos" and (cfg.data.rft_policy_rollouts or not demos_given)):
-        trajs += await run.rollouts(items, tag=f"{stage}_collect")
-    return trajs
+def step_row(run: Run, stage: Stage, step: int, *, trajs: list[Trajectory] | None, collection: Collection | None,
+             samples: list[Sample], trained: Metrics, synced: SyncReply | None, times: dict[str, float],
+             version: int) -> dict[str, Any]:
+    """The metrics line of a step: its rollouts' figures (rollout stages; staleness against the
+    weights after the step), the update's (`train/`, `perf/`), the sync's (`sync/`) and seconds."""
+    row: dict[str, Any] = {"stage": stage.name, "step": step, "stage_index": STAGE_INDEX[stage.name]}
+    if trajs is not None:
+        figures = step_metrics(trajs, max_response_tokens=run.cfg.rollout.max_context_tokens, current_version=version)
+        row |= {f"rollout/{k}": v for k, v in figures.items()} | {"samples": len(samples)}
+        row |= {"time/train_s": 0.0, "time/weight_sync_s": 0.0}  # stay 0 when no sample was usable
+        row |= run.env_statistics()
+    if stage.name == "rft" and collection is not None:
+        row["rft/kept"] = len(collection.samples)
+    row |= {f"train/{k}": v for k, v in trained.items()}
+    row |= {f"perf/{k}": trained[k] for k in ("tokens_per_s", "mfu") if k in trained}  # throughput, MFU on a known GPU
+    if synced is not None:
+        row |= {"sync/version": synced.version} | {f"sync/{k}": v for k, v in synced.metrics.items()}
+    return row | times
 
 
-def usable_samples(trajs: list[Trajectory], run: Run, g: int) -> list[Sample]:
-    """Scored trajectories within the staleness bound, as learner samples."""
-    out = []
-    for t in trajs:
-        if t.reward is None or t.status in UNUSABLE or not t.response_ids:
-            continue
-        if run.version - t.weight_version_min > run.cfg.max_staleness:
-            continue  # sampled by weights too old for the staleness bound (0: strictly on-policy)
-        out.append(sample_from_trajectory(t))
-    return out
-
-
-def _cyclic(pool: list[Sample], k: int, n: int) -> list[Sample]:
-    n = max(1, min(n, len(pool)))
-    return [pool[(k * n + i) % len(pool)] for i in range(n)]
-
-
-def _row(trajs, train: dict, sync: dict, times: dict, run: Run) -> dict:
-    metrics = step_metrics(trajs, max_response_tokens=run.cfg.rollout.max_context_tokens, current_version=run.version)
-    row = {f"rollout/{k}": v for k, v in metrics.items()}
-    row |= {f"train/{k}": v for k, v in train.items()} | _sync(sync) | times
-    return row | run.env_statistics()
-
-
-def _perf(row: dict) -> dict:
-    """`perf/` figures of the step's update: tokens/s and (on a known GPU) MFU, from the learner."""
-    return {f"perf/{k}": row[f"train/{k}"] for k in ("tokens_per_s", "mfu") if f"train/{k}" in row}
-
-
-def _sync(sync: dict) -> dict:
-    return {f"sync/{k}": v for k, v in sync.items()}
-
-
-def _brief(row: dict) -> str:
+def brief(row: dict[str, Any]) -> str:
     keys = ["rollout/reward_mean", "rollout/pass_rate", "train/policy_loss", "train/sft_loss", "train/value_loss"]
     return " ".join(f"{k.split('/')[-1]}={row[k]:.3g}" for k in keys if isinstance(row.get(k), (int, float)))
 
 
-__all__ = ["collection_tasks", "releases_memory", "stage_plan", "train", "tasks_for_step"]
+__all__ = [
+    "Background", "Collection", "Stage", "brief", "collect", "collection_tasks", "engines_released",
+    "releases_memory", "restore", "save_checkpoint", "stage_plan", "step_row", "step_rollouts",
+    "sync_weights", "tasks_for_step", "training_tasks", "update", "usable_samples",
+]

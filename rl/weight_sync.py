@@ -1,40 +1,21 @@
 """Pushing the learner's new weights to the engines that generate rollouts, after each update.
 
 What it is: three ways to publish one weight version, each returning a `SyncReport`:
-- `sync_embedded`: hand the buckets to the in-process engine (`rl/engine/embedded.py`:
-  `begin_update`, `load_bucket` per bucket, `end_update(version)`);
-- `sync_tensor`: a colocated SGLang server on the same GPU, through `/update_weights_from_tensor`
-  with CUDA IPC handles (no bytes copied), in the order slime and verl use (REFERENCE.md
-  section 5): pause generation -> flush the radix cache (retried while SGLang answers 400 busy)
-  -> one POST per bucket, the weight version on the last -> flush -> continue generation. The
-  continue runs shielded in a `finally`, so a failed update still lets generation go on and the
-  error reaches the caller;
-- `sync_disk`: the caller wrote a Hugging Face directory; each server loads it through
-  `/update_weights_from_disk`, then `/get_weight_version` must report the new version.
-`release` / `resume` free and restore a colocated server's GPU memory around training.
-What it is not: the gathering of full tensors from FSDP shards (`rl/fsdp.full_state_items`
+`sync_embedded` loads the buckets into the in-process engine (`rl.engine.embedded`);
+`sync_tensor` posts them to a colocated SGLang server on the same GPU through
+`/update_weights_from_tensor` with CUDA IPC handles (no bytes copied); `sync_disk` has each server
+load a Hugging Face directory the caller wrote. `release` / `resume` free and restore a colocated
+server's GPU memory around training. In `cuda-agent train` (`weight_sync.mode=sglang_tensor`)
+learner rank r calls `sync_tensor` on the server on its GPU (`rl.learner.rank`); with
+`sglang_disk` the driver (`rl.stages.sync_weights`) calls `sync_disk` after the ranks exported the actor.
+
+What it is not: the gathering of full tensors from FSDP shards (`rl.learner.fsdp.full_state_items`
 yields the buckets) nor the HTTP client (`agentcore.sglang.SGLangClient`).
 
-Wire format of `/update_weights_from_tensor` (SGLang `srt/utils` MultiprocessingSerializer and
-`model_runner.update_weights_from_tensor`, load_format None): `serialized_named_tensors` holds
-one base64 string per TP rank; each decodes to a pickle of `[(hf_name, tensor), ...]`. A CUDA
-tensor is pickled as torch.multiprocessing's IPC reduction (`rebuild_cuda_tensor` plus the
-memory handle); the device index in it is replaced by the GPU's UUID, as SGLang's
-`monkey_patch_torch_reductions` does, because the trainer and the server may number the GPUs
-differently (different CUDA_VISIBLE_DEVICES). A CPU tensor is pickled by value (slow: tests and
-non-colocated debugging only). Only torch and builtins globals appear in the pickle, which
-SGLang's restricted unpickler (CVE-2025-10164) accepts.
-
-In `cuda-agent train` (`weight_sync.mode=sglang_tensor`) learner rank r calls `sync_tensor` on
-`engine.urls[r]`, the server on its GPU, with the actor gathered in `dtype` (`rl/learner/rank.py`); the
-driver (`rl/run.py`) calls `sync_disk` after the ranks exported the actor (`sglang_disk`).
-Colocated step with memory release (per learner rank and its server):
+Example (a colocated step, per learner rank and its server):
     await release(client, cfg)                          # pause, wait idle, free weights + KV
     ... train ...
     report = await sync_tensor(client, learner.weight_buckets(), version, cfg, released=True)
-
-Memory: `sync_tensor` looks one bucket ahead to know which POST is the last, so two buckets
-(2 x bucket_bytes) are alive at the peak, each until the server has loaded it.
 """
 
 from __future__ import annotations
@@ -104,6 +85,15 @@ class WeightSyncError(EngineError):
 # Wire format.
 
 
+# Wire format of `/update_weights_from_tensor` (SGLang `srt/utils` MultiprocessingSerializer and
+# `model_runner.update_weights_from_tensor`, load_format None): `serialized_named_tensors` holds
+# one base64 string per TP rank; each decodes to a pickle of `[(hf_name, tensor), ...]`. A CUDA
+# tensor is pickled as torch.multiprocessing's IPC reduction (`rebuild_cuda_tensor` plus the
+# memory handle); the device index in it is replaced by the GPU's UUID, as SGLang's
+# `monkey_patch_torch_reductions` does, because the trainer and the server may number the GPUs
+# differently (different CUDA_VISIBLE_DEVICES). A CPU tensor is pickled by value (slow: tests and
+# non-colocated debugging only). Only torch and builtins globals appear in the pickle, which
+# SGLang's restricted unpickler (CVE-2025-10164) accepts.
 class _WirePickler(pickle.Pickler):
     """A pickler that sends CUDA tensors as IPC handles and everything else by value."""
 
@@ -215,7 +205,7 @@ class _Tally:
 
 
 async def sync_embedded(engine: Any, buckets: Iterable[Bucket], version: int) -> SyncReport:
-    """Load every bucket into the in-process engine (`rl/engine/embedded.py`) in place, as one
+    """Load every bucket into the in-process engine (`rl.engine.embedded`) in place, as one
     update: `begin_update` holds new requests and waits for the running batch, each bucket goes
     through `load_bucket`, and `end_update(version)` lets generation go on with the new weights
     (a failure ends the update keeping the old version, and re-raises)."""
@@ -277,7 +267,12 @@ async def sync_tensor(
     released: bool = False,
     tp_size: int = 1,
 ) -> SyncReport:
-    """Publish `version` to a colocated SGLang server (module docstring has the order).
+    """Publish `version` to a colocated SGLang server, in the order slime and verl use: pause
+    generation -> flush the radix cache (retried while SGLang answers 400 busy) -> one POST per
+    bucket, the weight version on the last -> flush -> continue generation. The continue runs
+    shielded in a `finally`, so a failed update still lets generation go on and the error
+    reaches the caller. Looking one bucket ahead to know which POST is the last keeps two
+    buckets (2 x bucket_bytes) alive at the peak, each until the server has loaded it.
 
     `released`: the server's memory was freed by `release`; its weights come back before the
     update and its KV cache and CUDA graphs after it, before generation continues. `tp_size`:

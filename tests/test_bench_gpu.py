@@ -19,8 +19,6 @@ DEMOS = {(1, 1), (1, 47), (1, 51)}  # cuBLAS matmul, sum, argmax: the demos that
 @pytest.mark.gpu
 async def test_replay_demos_pass_and_wrappers_are_rejected(tmp_path):
     problems = default_problems_path()
-    if not problems.exists():
-        pytest.skip("needs KernelBench problems.jsonl ($KERNELBENCH_PROBLEMS)")
     # ids 1, 47, 51 of levels 1-3: the three demos and five wrappers (L2/1, L2/47, L2/51, L3/1, L3/47)
     config = BenchConfig(problems_path=str(problems), levels=(1, 2, 3), problem_ids=(1, 47, 51), engine="replay",
                          replay_paths=(str(REPO / "rl/demos"),), replay_wrappers=True, out_dir=str(tmp_path / "out"),

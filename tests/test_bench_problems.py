@@ -7,9 +7,17 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bench.kernelbench.problems import LEVEL4_MESSAGE, default_problems_path, load_problems, parse_levels, read_problems
+from bench.kernelbench.problems import (
+    LEVEL4_MESSAGE,
+    PROBLEMS,
+    ProblemsError,
+    default_problems_path,
+    load_problems,
+    parse_levels,
+    read_problems,
+)
 
-SHARED = Path("/work/shared/kernelbench/problems.jsonl")
+SHARED = PROBLEMS
 SOURCE = "import torch\nclass Model(torch.nn.Module):\n    pass\ndef get_inputs():\n    return []\ndef get_init_inputs():\n    return []\n"
 
 
@@ -76,11 +84,10 @@ def test_environment_variable_names_the_problems_file(monkeypatch, tmp_path):
 
 
 def test_missing_file_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="KERNELBENCH_PROBLEMS"):
+    with pytest.raises(ProblemsError, match="KERNELBENCH_PROBLEMS"):
         read_problems(tmp_path / "nope.jsonl")
 
 
-@pytest.mark.skipif(not SHARED.exists(), reason="needs the shared KernelBench problems")
 def test_the_real_set_has_250_runnable_problems_and_20_skipped():
     selection = load_problems(SHARED, levels=(1, 2, 3, 4))
     assert len(selection.problems) == 250

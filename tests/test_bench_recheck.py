@@ -170,8 +170,6 @@ def test_cli_flag_sets_the_config_and_refuses_the_fake_env(tmp_path):
 @pytest.mark.gpu
 async def test_real_baseline_jobs_reproduce_on_two_small_level1_problems(tmp_path):
     problems = default_problems_path()
-    if not problems.exists():
-        pytest.skip("needs KernelBench problems.jsonl ($KERNELBENCH_PROBLEMS)")
     cfg = BenchConfig(problems_path=str(problems), levels=(1,), problem_ids=(19, 21), out_dir=str(tmp_path / "out"),
                       gpus=(0,), progress=False)
     rows = await recheck_baselines(cfg)

@@ -17,7 +17,7 @@ from bench.kernelbench.run import BenchConfig, run_benchmark
 from bench.system.records import read_records
 from rewards.build.compile_pool import CompileConfig, CompilePool
 from rewards.env import RewardsKernelEnv, _before_run
-from rewards.evaluate import FinalEvaluator
+from rewards.evaluate import EvaluateConfig, FinalEvaluator
 from rewards.timing.profile import Profile as Timed
 from rewards.verdict import Timing, Verdict, VerdictStatus
 from rewards.verify.verifier import to_verify_result
@@ -132,7 +132,7 @@ class CpuEdgeEnv(RewardsKernelEnv):
     async def final_verdict(self, workspace, task, build, *, inline=False):
         return Verdict(status=VerdictStatus.OK, trials=1, message="GPU faked")
 
-    async def time(self, workspace, task, build):
+    async def time(self, workspace, task, build, *, paired=False):
         return Timed(ok=True, candidate=_timing(1.0), eager=_timing(2.0), compiled=_timing(1.5))
 
 
@@ -140,7 +140,7 @@ class SpyEvaluator:
     """The real FinalEvaluator, noting the solution files of each evaluated directory."""
 
     def __init__(self, env) -> None:
-        self.inner, self.seen = FinalEvaluator(env), {}
+        self.inner, self.seen = FinalEvaluator(env, EvaluateConfig(paired=False)), {}  # fixed times
 
     async def evaluate(self, workspace, task):
         files = sorted(p.relative_to(workspace).as_posix() for p in Path(workspace).rglob("*") if p.is_file())
@@ -160,7 +160,7 @@ def replay_setup(tmp_path):
     put(solutions / "level1/47_Sum_reduction_over_a_dimension.py", "import torch\nclass ModelNew(torch.nn.Module):\n    pass\n")
     config = BenchConfig(problems_path=str(problems), levels=(1, 2, 4), engine="replay",
                          replay_paths=(str(solutions),), replay_wrappers=True, out_dir=str(tmp_path / "out"),
-                         concurrency=3, progress=False)
+                         workers=3, progress=False)
     env = CpuEdgeEnv(CompilePool(CompileConfig(max_parallel=2)), queue=None)
     return config, env
 

@@ -1,12 +1,15 @@
 """bench.kernelbench.report: the files are written, the Markdown holds the paper's rows and ours,
-summary.json carries the same numbers the metrics compute."""
+summary.json carries the same numbers the metrics compute; a fake-environment run reads as a
+plumbing check; the plots keep their labels, legends and shares where a reader can see them."""
 
 from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
+from bench.kernelbench import report
 from bench.kernelbench.metrics import summarize
 from bench.kernelbench.report import PLOTS, write_report
 from tests.test_bench_metrics import rec, synthetic
@@ -69,3 +72,67 @@ def test_empty_and_multi_checkpoint_record_sets_still_report(tmp_path):
     assert "| **m @ step 10** overall | 100.0% |" in text
     assert "| **m @ step 20** overall | 100.0% | 100.0% | 100.0% | 3.00x | 2.50x | 1 |" in text
     assert "| m @ 20 | 1 | 1_P1 |" in text  # per-problem rows name their checkpoint
+
+
+# ---------------------------------------------------------------------------------------------
+# A fake-environment run is a plumbing check
+
+
+def fake(records):
+    return [msgspec.structs.replace(r, env="fake") for r in records]
+
+
+def test_fake_env_report_says_so_at_the_top_and_shows_no_rate_beside_the_paper(tmp_path):
+    text = write_report(tmp_path, fake(synthetic())).read_text()
+    head = text.splitlines()[:3]
+    assert "fake environment" in head[0] and "plumbing check, not a result" in head[2]
+    assert "(paper)" not in text and "%" not in text  # no paper rows, no rates
+    assert "| m [fake env] overall | 6 | 3 |" in text  # the outcome counts stay
+    assert not any((tmp_path / name).exists() for name in PLOTS)
+    assert json.loads((tmp_path / "summary.json").read_text())["plumbing_check_only"] is True
+
+
+def test_fake_records_beside_real_ones_are_kept_out_of_the_results(tmp_path):
+    text = write_report(tmp_path, synthetic() + fake([rec(1, 9, se=5.0, sc=5.0)])).read_text()
+    assert text.startswith("# KernelBench report\n") and "plumbing check, not a result" in text
+    results = text.split("## Results beside the paper")[1].split("## Outcomes")[0]
+    assert "| **m** overall | 50.0% |" in results and "fake env" not in results
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots a person reads
+
+
+def draw(draw_fn, records):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4), layout="constrained")  # as report.draw_plots makes them
+    ax = fig.add_subplot(1, 1, 1)
+    draw_fn(ax, records, summarize(records))
+    FigureCanvasAgg(fig).draw()  # the layout and the ticks are computed
+    return fig, ax
+
+
+def test_levels_plot_names_the_papers_marks_and_keeps_shares_within_one():
+    _, ax = draw(report._levels, synthetic())
+    _, labels = ax.get_legend_handles_labels()
+    assert "CUDA Agent (paper), each rate" in labels and "pass (ours)" in labels
+    assert ax.get_ylim() == (0.0, 1.0)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["L1", "L2"]
+
+
+def test_speedup_histogram_counts_problems_in_whole_numbers():
+    _, ax = draw(report._speedups, synthetic())
+    ticks = [t for t in ax.get_yticks() if ax.get_ylim()[0] <= t <= ax.get_ylim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+
+
+def test_plot_labels_stay_inside_the_canvas(tmp_path):
+    for draw_fn in (report._speedups, report._fast_p, report._levels):
+        fig, ax = draw(draw_fn, synthetic())
+        renderer = fig.canvas.get_renderer()
+        canvas = fig.bbox
+        for artist in (ax.title, ax.xaxis.label, ax.yaxis.label, ax.get_legend()):
+            box = artist.get_window_extent(renderer)
+            assert box.x0 >= 0 and box.y0 >= 0 and box.x1 <= canvas.x1 + 1 and box.y1 <= canvas.y1 + 1, artist

@@ -24,6 +24,7 @@ from bench.kernelbench.candidates import BestCandidateScorer, Candidate, Candida
 from bench.kernelbench.problems import Problem
 from bench.kernelbench.run import BenchConfig, SeededEngine, run_benchmark, seed_of
 from bench.system.records import read_records
+from rewards.build.toolchain import MachineError
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n" \
@@ -138,7 +139,7 @@ def problems_file(tmp_path: Path) -> Path:
 
 def fake_config(tmp_path: Path, **kw) -> BenchConfig:
     fields = dict(problems_path=str(problems_file(tmp_path)), levels=(1,), engine="replay", env="fake",
-                  replay_paths=(str(REPO / "rl/demos"),), out_dir=str(tmp_path / "out"), concurrency=1, progress=False)
+                  replay_paths=(str(REPO / "rl/demos"),), out_dir=str(tmp_path / "out"), workers=1, progress=False)
     return BenchConfig(**(fields | kw))
 
 
@@ -211,6 +212,54 @@ async def test_problems_missing_from_the_replay_set_have_no_candidate(tmp_path):
     assert records[47].outcome == records[51].outcome == "no_candidate"
 
 
+class FailingEvaluator(EnvEvaluator):
+    """Raises `error` for the problems named in `names` (all when empty), else scores as the fake env."""
+
+    def __init__(self, env, error: Exception, names: tuple[str, ...] = ()) -> None:
+        super().__init__(env)
+        self.error, self.names, self.calls = error, names, 0
+
+    async def evaluate(self, workspace, task):
+        self.calls += 1
+        if not self.names or task.name in self.names:
+            raise self.error
+        return await super().evaluate(workspace, task)
+
+
+async def test_an_infrastructure_error_is_recorded_and_retried_by_the_next_run(tmp_path):
+    config = fake_config(tmp_path)
+    env = FakeKernelEnv()
+    first = await run_benchmark(config, kernel_env=env, evaluator=FailingEvaluator(env, RuntimeError("queue died"),
+                                                                                  ("19_ReLU",)))
+    assert [(r.problem_id, r.outcome) for r in first] == [(19, "error"), (47, "scored"), (51, "scored")]
+    again = CountingEvaluator(env)
+    records = await run_benchmark(config, kernel_env=env, evaluator=again)
+    assert [(r.problem_id, r.outcome) for r in records] == [(19, "scored"), (47, "scored"), (51, "scored")]
+    assert again.calls == 1  # only the errored problem ran again
+    out = Path(config.out_dir)
+    assert len(list(read_trajectories(out / "trajectories.jsonl", strict=True))) == 3
+    assert [t.status.value for t in read_trajectories(out / "trajectories.redone.jsonl")] == ["failed"]
+
+
+async def test_an_environment_error_stops_the_run_records_nothing_and_a_rerun_retries(tmp_path):
+    config = fake_config(tmp_path)
+    env = FakeKernelEnv()
+    broken = FailingEvaluator(env, MachineError("this torch build (2.13.0+cpu) has no CUDA headers: install ..."))
+    with pytest.raises(MachineError, match="no CUDA headers"):
+        await run_benchmark(config, kernel_env=env, evaluator=broken)
+    assert broken.calls == 1  # stopped at the first one, not run over every problem
+    assert read_records(Path(config.out_dir) / "records.jsonl") == []  # not the candidates' fault: no record
+    records = await run_benchmark(config, kernel_env=env, evaluator=EnvEvaluator(env))
+    assert [(r.problem_id, r.outcome, r.correct) for r in records] == [
+        (19, "scored", True), (47, "scored", True), (51, "scored", True)]
+
+
+async def test_an_out_dir_holds_runs_of_one_kernel_environment(tmp_path):
+    await run_benchmark(fake_config(tmp_path))
+    with pytest.raises(ValueError, match="--env fake"):
+        await run_benchmark(fake_config(tmp_path, env="real"))
+
+
 # ---------------------------------------------------------------------------------------------
 # Seeds
 
@@ -266,6 +315,54 @@ def test_cli_replays_and_prints_the_table_with_level_4_skipped(tmp_path, capsys)
     assert "19_ReLU" in out and "skipped" in out
     assert "4 problems" in out
     assert len(read_records(tmp_path / "out/records.jsonl")) == 4
+
+
+def test_cli_fake_env_says_it_is_a_plumbing_check_and_prints_no_pass_rate(tmp_path, capsys):
+    rc = cli.main(["--problems", str(problems_file(tmp_path)), "--levels", "1", "--replay", str(REPO / "rl/demos"),
+                   "--env", "fake", "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert out.startswith(cli.FAKE_ENV_LINE) and out.count("plumbing check, not a result") == 2
+    assert "correct" not in out and "1.20x" not in out and "not compiled, not timed" in out
+    assert "plumbing check" in (tmp_path / "out/report.md").read_text().splitlines()[0]
+
+
+@pytest.mark.skipif(cli.machine_problem(()) is None, reason="this machine can run --env real")
+def test_cli_real_env_on_a_machine_that_cannot_run_it_is_one_line(tmp_path, capsys):
+    rc = cli.main(["--problems", str(problems_file(tmp_path)), "--levels", "1", "--replay", str(REPO / "rl/demos"),
+                   "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith("cuda-agent bench: this machine cannot run --env real: ")
+    assert "--env fake" in err and not (tmp_path / "out").exists()  # nothing started
+
+
+def test_cli_stops_on_an_environment_error_with_one_line_and_the_fix(tmp_path, capsys, monkeypatch):
+    import bench.kernelbench.run as runner
+
+    async def broken(config, stack):  # a machine that passes the check, then fails every build
+        env = FakeKernelEnv()
+        return env, FailingEvaluator(env, MachineError("this torch build (2.13.0+cpu) has no CUDA headers "
+                                                       "(c10/cuda/impl/cuda_cmake_macros.h is missing): install ..."))
+
+    monkeypatch.setattr(cli, "check_gpu_machine", lambda gpus: None)
+    monkeypatch.setattr(runner, "_open_env", broken)
+    rc = cli.main(["--problems", str(problems_file(tmp_path)), "--levels", "1", "--replay", str(REPO / "rl/demos"),
+                   "--out", str(tmp_path / "out")])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == 2
+    assert last.startswith("cuda-agent bench: environment error (this machine, not the kernels), stopped: "
+                           "this torch build (2.13.0+cpu) has no CUDA headers")
+    assert "the same command retries them" in last
+    assert read_records(tmp_path / "out/records.jsonl") == []
+
+
+def test_help_shows_the_defaults_and_workers_keeps_its_old_name():
+    text = " ".join(cli.build_parser().format_help().split())
+    assert "(default: real)" in text and "(default: 256)" in text and "(default: runs/bench)" in text
+    assert "--workers WORKERS, --concurrency WORKERS" in text
+    for flag in ("--workers", "--concurrency"):
+        assert cli.to_config(cli.build_parser().parse_args(["--replay", "x", flag, "8"])).workers == 8
 
 
 def test_cli_writes_wrappers(tmp_path, capsys):

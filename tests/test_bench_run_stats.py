@@ -49,7 +49,7 @@ def queue_config(tmp_path: Path) -> GpuQueueConfig:
 
 
 async def test_a_queued_run_writes_lane_busy_fraction_jobs_and_depth(tmp_path):
-    config = fake_config(tmp_path, concurrency=3)
+    config = fake_config(tmp_path, workers=3)
     async with GpuQueue(queue_config(tmp_path)) as queue:
         env = QueuedFakeEnv(queue)
         records = await run_benchmark(config, kernel_env=env, evaluator=EnvEvaluator(env))
@@ -64,7 +64,7 @@ async def test_a_queued_run_writes_lane_busy_fraction_jobs_and_depth(tmp_path):
 
 
 async def test_summary_and_report_carry_the_machine_use(tmp_path):
-    config = fake_config(tmp_path, concurrency=2)
+    config = fake_config(tmp_path, workers=2)
     async with GpuQueue(queue_config(tmp_path)) as queue:
         env = QueuedFakeEnv(queue)
         records = await run_benchmark(config, kernel_env=env, evaluator=EnvEvaluator(env))

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from bench.system import suite as s
 from bench.system import run as system_run
+from bench.system import suite as s
 
 H200 = s.Machine(gpus=("NVIDIA H200 (143771 MiB)",), driver="580.95.05", cpu_model="Intel Xeon", cpus=16,
                  cpus_usable=16, mem_gib=125.0, torch="2.11.0+cu130", torch_cuda="13.0", nvcc="13.0",

@@ -48,8 +48,8 @@ def _make_run(run: Path, tokenizer_dir: Path, hidden: int = 32, max_position: in
     import torch
 
     from agentcore.tiny_tokenizer import load_tokenizer
-    from rl.learner import checkpoint
     from rl.config import DataConfig, TrainConfig, save_config
+    from rl.learner import checkpoint
     from rl.learner.models import ModelConfig, build_actor, tiny_qwen2_config
 
     vocab = len(load_tokenizer(tokenizer_dir))
@@ -191,8 +191,6 @@ async def test_watch_benchmarks_a_checkpoint_with_the_real_runner_on_gpu(tmp_pat
     from bench.system.records import read_records
 
     problems = default_problems_path()
-    if not problems.exists():
-        pytest.skip("needs KernelBench problems.jsonl ($KERNELBENCH_PROBLEMS)")
     _make_run(tmp_path, tiny_tokenizer_dir, hidden=64, max_position=32768)
     config = BenchConfig(problems_path=str(problems), levels=(1,), problem_ids=(19,), max_turns=2,
                          max_new_tokens=32, max_context_tokens=16384, gpus=(0,), progress=False)
@@ -208,9 +206,19 @@ async def test_watch_benchmarks_a_checkpoint_with_the_real_runner_on_gpu(tmp_pat
 
 def test_watch_cli_once_over_a_run_without_checkpoints(tmp_path, capsys):
     pytest.importorskip("bench.kernelbench.run")
-    assert w.main_watch(["--watch", str(tmp_path), "--once"]) == 0
+    assert w.main_watch(["--watch", str(tmp_path), "--once", "--set", "env=fake"]) == 0
     assert "0 checkpoint(s) benchmarked" in capsys.readouterr().out
     assert w.main_watch(["--watch", str(tmp_path / "missing"), "--once"]) == 2
+
+
+def test_watch_on_a_machine_that_cannot_benchmark_is_one_line(tmp_path, capsys):
+    from bench.kernelbench.cli import machine_problem
+
+    if machine_problem(()) is None:
+        pytest.skip("this machine can verify and time kernels")
+    assert w.main_watch(["--watch", str(tmp_path), "--once"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("cuda-agent bench --watch: this machine cannot benchmark")
 
 
 async def test_a_watcher_started_before_the_trainer_waits_for_its_run_directory(tmp_path):

@@ -16,10 +16,10 @@ from bench.kernelbench.wrappers import workspace_name, wrapper_files, wrapper_mo
 from rewards.env import pristine_files, static_verdict
 from rewards.static.checks import check_sources
 from rewards.verdict import HackCategory
+from rl.data.kernelbench import PROBLEMS
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path("/work/shared/kernelbench/problems.jsonl")
-needs_shared = pytest.mark.skipif(not SHARED.exists(), reason="needs the shared KernelBench problems")
+SHARED = PROBLEMS
 needs_compiler = pytest.mark.skipif(shutil.which("nvcc") is None or shutil.which("g++") is None, reason="needs nvcc")
 
 
@@ -83,7 +83,6 @@ def test_workspace_names_follow_the_demos():
     assert workspace_name(GEMM) == "l2_76_gemm_add_relu"
 
 
-@needs_shared
 def test_every_level_1_to_3_wrapper_parses_and_is_flagged_statically():
     problems = load_problems(SHARED).problems
     assert len(problems) == 250

@@ -276,7 +276,13 @@ def test_sigkill_in_the_middle_of_a_save_leaves_a_loadable_checkpoint(tmp_path):
 
 def _fsdp_worker(out: Path) -> None:
     from rl.learner import checkpoint
-    from rl.learner.fsdp import apply_activation_checkpointing, close_distributed, full_state_items, init_distributed, shard
+    from rl.learner.fsdp import (
+        apply_activation_checkpointing,
+        close_distributed,
+        full_state_items,
+        init_distributed,
+        shard,
+    )
     from rl.learner.models import layers
 
     d = init_distributed()
@@ -424,7 +430,13 @@ def _cuda_worker(out: Path, tokenizer_dir: str) -> None:
     from transformers import AutoModelForCausalLM
 
     from rl.learner import checkpoint
-    from rl.learner.fsdp import apply_activation_checkpointing, close_distributed, full_state_items, init_distributed, shard
+    from rl.learner.fsdp import (
+        apply_activation_checkpointing,
+        close_distributed,
+        full_state_items,
+        init_distributed,
+        shard,
+    )
     from rl.learner.models import build_actor, build_critic, layers
 
     d = init_distributed()
@@ -472,3 +484,6 @@ if __name__ == "__main__":
         _cuda_worker(Path(sys.argv[2]), sys.argv[3])
     else:
         _fsdp_worker(Path(sys.argv[2]))
+    from rl.learner.fsdp import end_rank_process
+
+    end_rank_process(0)

@@ -253,3 +253,6 @@ if __name__ == "__main__":
         _kill_child(Path(sys.argv[2]))
     else:
         _fsdp_worker(Path(sys.argv[2]))
+    from rl.learner.fsdp import end_rank_process
+
+    end_rank_process(0)

@@ -22,7 +22,12 @@ import pytest
 
 from rewards.build.compile_pool import CompileConfig, CompilePool, CompilePoolStatistics
 from rewards.build.compiler_log import trim_log
-from rewards.build.toolchain import ToolchainError, discover_toolchain, resolve_arch
+from rewards.build.toolchain import (
+    MachineError,
+    ToolchainError,
+    discover_toolchain,
+    resolve_arch,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "build" / "relu"
@@ -184,6 +189,22 @@ async def test_include_outside_the_workspace_is_rejected(pool, workspace):
     edit(workspace / "kernels" / "relu.cu", "#include <cuda_runtime.h>", '#include <cuda_runtime.h>\n#include "/etc/hostname"')
     build = await pool.build(workspace)
     assert not build.result.ok and "absolute paths are not allowed" in build.result.log
+
+
+async def test_a_header_the_machine_lacks_raises_machine_error_not_a_failed_build(pool, workspace, toolchain):
+    if toolchain.torch_has_cuda:
+        pytest.skip("this torch is a CUDA build: its c10/cuda headers are complete")
+    edit(workspace / "kernels" / "relu_binding.cpp", "#include <cuda_runtime.h>",
+         "#include <cuda_runtime.h>\n#include <c10/cuda/CUDAStream.h>")
+    with pytest.raises(MachineError, match=r"has no CUDA headers \(c10/cuda/impl/cuda_cmake_macros\.h is missing\)"):
+        await pool.build(workspace)
+
+
+async def test_a_header_the_candidate_names_but_lacks_is_its_failed_build(pool, workspace):
+    edit(workspace / "kernels" / "relu_binding.cpp", "#include <cuda_runtime.h>",
+         "#include <cuda_runtime.h>\n#include <relu_helpers.h>")
+    build = await pool.build(workspace)
+    assert not build.result.ok and "relu_helpers.h: No such file or directory" in build.result.log
 
 
 # -- timeouts and concurrency ---------------------------------------------------------------------

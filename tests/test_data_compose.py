@@ -7,10 +7,10 @@ import types
 import pytest
 import torch
 
+from agentcore.tasks import check_source
 from rl.data.compose import Config, compose, compose_many
 from rl.data.loaders import check_runs
 from rl.data.seeds import base_shape, seed_ops, seed_task
-from agentcore.tasks import check_source
 
 SCALE = 0.02
 

@@ -9,9 +9,10 @@ import orjson
 import pytest
 
 from agentcore.types import Task
+from rl.data.kernelbench import PROBLEMS
 from rl.data.loaders import check_runs, dump_dataset_jsonl, load_dataset_jsonl, load_kernelbench, load_ops6k
 
-KERNELBENCH = Path("/work/shared/kernelbench/problems.jsonl")
+KERNELBENCH = PROBLEMS
 
 GOOD = """import torch
 import torch.nn as nn
@@ -50,7 +51,6 @@ def _write_parquet(path: Path, rows: dict[str, list]) -> None:
         pd.DataFrame(rows).to_parquet(path)
 
 
-@pytest.mark.skipif(not KERNELBENCH.exists(), reason="shared KernelBench problems.jsonl not present")
 def test_kernelbench_jsonl_loads_levels_1_to_3():
     result = load_kernelbench(KERNELBENCH, levels={1, 2, 3})
     assert len(result.tasks) == 250 and not result.problems

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from agentcore.types import Task
+from rl.data.kernelbench import PROBLEMS
 from rl.data.similarity import build_corpus, decontaminate, nearest, operator_signature, similarity
 
-KERNELBENCH = Path("/work/shared/kernelbench/problems.jsonl")
+KERNELBENCH = PROBLEMS
 
 CONV_RELU = """import torch
 import torch.nn as nn
@@ -134,7 +133,6 @@ def test_signature_match_is_reported_and_dropped_only_on_request():
     assert not kept and dropped[0].reason == "signature"
 
 
-@pytest.mark.skipif(not KERNELBENCH.exists(), reason="shared KernelBench problems.jsonl not present")
 def test_kernelbench_conv_and_softmax_problems_are_far_apart_and_self_match():
     from rl.data.loaders import load_kernelbench
 

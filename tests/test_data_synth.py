@@ -20,7 +20,7 @@ from rl.data.llm_compose import LlmComposeConfig
 from rl.data.loaders import load_dataset_jsonl
 from rl.data.similarity import build_corpus
 from rl.data.synth import Synth, SynthConfig, open_queues, read_rows, rejects_path
-from rl.data.synth_cmd import main
+from rl.data.synth_cmd import main, parse_args
 
 SCALE = 0.02
 TARGET = 3  # the candidate index planted in the stand-in KernelBench corpus
@@ -150,7 +150,7 @@ def test_the_cli_prints_a_summary_and_writes_the_report(tmp_path):
     kb = tmp_path / "problems.jsonl"
     kb.write_bytes(orjson.dumps({"level": 1, "problem_id": 1, "name": "1_fake", "code": composition.compose(1, config=composition.Config(scale=SCALE)).source}) + b"\n")
     out, report = tmp_path / "d.jsonl", tmp_path / "report"
-    argv = ["--n", "2", "--max-candidates", "4", "--out", str(out), "--gpus", "0", "--lanes-per-gpu", "1", "--device", "cpu",
+    argv = ["--n", "2", "--max-candidates", "4", "--out", str(out), "--gpus", "none",
             "--scale", str(SCALE), "--min-ms", "0.0001", "--max-ms", "10000", "--no-compile",
             "--kernelbench", str(kb), "--report", str(report)]
     stdout = io.StringIO()
@@ -159,9 +159,26 @@ def test_the_cli_prints_a_summary_and_writes_the_report(tmp_path):
     summary = orjson.loads(stdout.getvalue())
     assert summary["accepted"] == 2 and summary["this_run"]["accepted"] == 2
     assert summary["this_run"]["filtered_per_min"] > 0
+    assert summary["this_run"]["gpus"] == "none" and summary["this_run"]["lanes_per_gpu"] == 1
     assert summary["per_filter"]["generate"]["entered"] == summary["candidates"]
     assert summary["similarity"]["n"] >= 1
     assert (report / "report.md").exists() and (report / "similarity.png").stat().st_size > 1000
     with contextlib.redirect_stdout(io.StringIO()):
         assert main(argv) == 0  # nothing missing: the re-run appends nothing
     assert len(read_rows(out)) == 2
+
+
+def test_gpus_none_is_one_lane_on_the_cpu(tmp_path):
+    a = parse_args(["--out", str(tmp_path / "d.jsonl"), "--gpus", "none"])
+    assert a.gpus == () and a.device == "cpu" and a.lanes_per_gpu == 1
+    assert parse_args(["--out", str(tmp_path / "d.jsonl"), "--gpus", "0,2"]).gpus == (0, 2)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--gpus", "first"], "'first' is not GPU indices like 0,1 or none"),
+    (["--gpus", "none", "--device", "cuda"], "--gpus none runs the filters on the CPU"),
+])  # fmt: skip
+def test_bad_gpus_are_a_usage_error(tmp_path, capsys, argv, says):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--out", str(tmp_path / "d.jsonl"), *argv])
+    assert exit_.value.code == 2 and says in capsys.readouterr().err

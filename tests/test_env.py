@@ -2,7 +2,9 @@
 run for real (nvcc, g++), verify and profile need a GPU and are covered by test_env_gpu.py.
 
 Also `cuda-agent eval` as a subprocess: a cheat prints its category and exits non-zero, a
-missing task is a one-line error, neither with a traceback.
+missing task is a one-line error, neither with a traceback. And environment errors: a header
+missing under torch's includes (this CPU machine's torch lacks the CUDA ones) is the machine's
+fault, raised as MachineError with its fix, never a compile_error verdict.
 """
 
 from __future__ import annotations
@@ -18,6 +20,13 @@ import pytest
 from agentcore.kernel_env import KernelEnv
 from agentcore.types import Status, Task, Timings, Trajectory
 from rewards.build.compile_pool import CompileConfig, CompilePool
+from rewards.build.toolchain import (
+    TORCH_CUDA_FIX,
+    MachineError,
+    Toolchain,
+    check_gpu_machine,
+    machine_fault,
+)
 from rewards.env import NoGpuError, RewardsKernelEnv, pristine_files
 from rewards.evaluate import FinalEvaluator, snapshot_solution
 
@@ -167,3 +176,105 @@ def test_eval_without_a_gpu_stops_after_the_build_and_says_so(tmp_path):
     assert run.returncode == 3
     assert "no GPU" in run.stderr and "the build succeeded" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# The machine's fault, not the candidate's: an environment error, never a verdict
+
+DEMO = REPO / "rl" / "demos" / "l1_19_relu"  # its binding includes c10/cuda/CUDAStream.h
+
+
+def torch_has_cuda_headers() -> bool:
+    import torch
+
+    return (Path(torch.__file__).parent / "include" / "c10/cuda/impl/cuda_cmake_macros.h").exists()
+
+
+cpu_torch = pytest.mark.skipif(torch_has_cuda_headers(), reason="this torch is a CUDA build")
+
+
+def toolchain_at(root: Path, *, torch_has_cuda: bool) -> Toolchain:
+    include = root / "torch" / "include"
+    return Toolchain(nvcc="nvcc", nvcc_version="13.0.48", cxx="g++", cxx_version="13.3.0", linker="", arch="sm_90",
+                     cuda_include_dir=str(root / "cuda" / "include"), cuda_lib_dir=str(root / "cuda" / "lib64"),
+                     torch_version="2.13.0+cpu+0123456789ab", torch_include_dirs=(str(include), str(include / "api")),
+                     torch_lib_dir=str(root / "torch" / "lib"), torch_libs=(), torch_has_cuda=torch_has_cuda,
+                     python_include_dir=str(root / "python"), pybind11_include_dir=str(include),
+                     ext_suffix=".so", defines=())
+
+
+def test_a_header_missing_under_torchs_includes_is_the_machines_fault(tmp_path):
+    tc = toolchain_at(tmp_path, torch_has_cuda=False)
+    inc = tc.torch_include_dirs[0]
+    log = (f"In file included from {inc}/c10/cuda/CUDAStream.h:8,\n                 from kernels/relu_binding.cpp:4:\n"
+           f"{inc}/c10/cuda/CUDAMacros.h:9:10: fatal error: c10/cuda/impl/cuda_cmake_macros.h: No such file or "
+           "directory\ncompilation terminated.\n")
+    fault = machine_fault(log, tc)
+    assert isinstance(fault, MachineError) and "\n" not in str(fault)
+    assert str(fault) == ("this torch build (2.13.0+cpu) has no CUDA headers (c10/cuda/impl/cuda_cmake_macros.h is "
+                          f"missing): {TORCH_CUDA_FIX}")
+    cuda = f"{tc.cuda_include_dir}/cuda_fp16.h(12): catastrophic error: cannot open source file \"nv/target\"\n"
+    assert "CUDA toolkit" in str(machine_fault(cuda, tc))
+    python = f"{inc}/pybind11/detail/common.h:274:10: fatal error: Python.h: No such file or directory\n"
+    assert "Python's development headers" in str(machine_fault(python, tc))
+
+
+def test_a_header_missing_from_the_candidates_own_files_is_its_compile_error(tmp_path):
+    tc = toolchain_at(tmp_path, torch_has_cuda=False)
+    own = "kernels/relu_binding.cpp:4:10: fatal error: helpers.h: No such file or directory\n"
+    assert machine_fault(own, tc) is None
+    assert machine_fault('kernels/relu.cu(3): catastrophic error: cannot open source file "helpers.cuh"\n', tc) is None
+    direct = "kernels/relu_binding.cpp:4:10: fatal error: c10/cuda/impl/cuda_cmake_macros.h: No such file or directory"
+    assert machine_fault(direct, tc) is not None  # a CUDA build of torch has it: this torch is the problem
+    assert machine_fault(direct, toolchain_at(tmp_path, torch_has_cuda=True)) is None
+
+
+@cpu_torch
+def test_gpu_machine_check_names_a_cpu_build_of_torch_and_its_fix():
+    with pytest.raises(MachineError, match=r"this torch build \(.*\) has no CUDA headers .*download\.pytorch\.org"):
+        check_gpu_machine()
+
+
+def test_gpu_machine_check_with_torchs_cuda_headers_goes_on_to_nvcc_and_the_gpus(tmp_path, monkeypatch):
+    import torch
+
+    from rewards.build import toolchain
+
+    headers = tmp_path / "torch" / "include" / "c10" / "cuda" / "impl"
+    headers.mkdir(parents=True)
+    (headers / "cuda_cmake_macros.h").write_text("#pragma once\n")
+    monkeypatch.setattr(torch, "__file__", str(tmp_path / "torch" / "__init__.py"))
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(toolchain.shutil, "which", lambda name: None if name == "nvcc" else f"/usr/bin/{name}")
+    with pytest.raises(MachineError, match="nvcc is not on PATH"):
+        check_gpu_machine()
+    monkeypatch.setattr(toolchain.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(MachineError, match="torch sees no GPU"):
+        check_gpu_machine()
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(MachineError, match=r"GPU\(s\) \[3\] requested but torch sees 2"):
+        check_gpu_machine((0, 3))
+    check_gpu_machine((0, 1))
+
+
+@needs_compiler
+@cpu_torch
+async def test_final_evaluation_on_a_machine_without_torchs_cuda_headers_raises_not_scores(env, tmp_path):
+    ws = tmp_path / "ws"
+    shutil.copytree(DEMO, ws)
+    for rel, data in pristine_files(task_of(DEMO)).items():
+        (ws / rel).write_bytes(data)
+    with pytest.raises(MachineError, match="no CUDA headers"):  # infrastructure: the trainer drops it, no reward -1
+        await FinalEvaluator(env).score(trajectory_of(DEMO.name), _Tools(ws), task_of(DEMO))
+
+
+@needs_compiler
+@cpu_torch
+def test_eval_of_a_correct_solution_on_such_a_machine_is_an_environment_error_not_a_verdict():
+    run = run_eval("--task", str(DEMO / "model.py"), "--solution", str(DEMO))
+    assert run.returncode == 4
+    assert run.stdout == ""  # no verdict, no reward
+    assert run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
+    assert run.stderr.startswith("cuda-agent eval: environment error (this machine, not the solution; no verdict): ")
+    assert "pip install torch --index-url" in run.stderr

@@ -269,10 +269,10 @@ def test_every_kth_layer_keeps_the_last_one_and_rejects_zero():
 def test_checkpointing_every_other_layer_gives_the_same_gradients():
     """Partial activation checkpointing recomputes some blocks in backward: same loss, same
     gradients as no checkpointing, and only the chosen blocks are wrapped."""
+    import msgspec
+
     from rl.learner.fsdp import apply_activation_checkpointing, every_kth
     from rl.learner.models import layers
-
-    import msgspec
 
     cfg = _model_cfg()
     cfg = msgspec.structs.replace(cfg, hf_config={**cfg.hf_config, "num_hidden_layers": 4})
@@ -315,3 +315,6 @@ if __name__ == "__main__":
         _cuda_worker(Path(sys.argv[2]))
     else:
         _worker(Path(sys.argv[1]))
+    from rl.learner.fsdp import end_rank_process
+
+    end_rank_process(0)

@@ -17,8 +17,8 @@ import torch
 from rl.learner.models import ModelConfig, build_actor, build_critic, tiny_qwen2_config
 from rl.learner.packing import dummy_micro_batch, micro_batches
 from rl.learner.perf import action_positions, update_flops
-from rl.samples import Sample
 from rl.learner.update import PPOConfig, compute_logprobs, ppo_step, sft_step
+from rl.samples import Sample
 
 VOCAB = 48
 EXACT = PPOConfig(

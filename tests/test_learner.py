@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from rl.config import apply_overrides
-from rl.learner.fsdp import init_distributed
 from rl.learner.actor_critic import Learner
+from rl.learner.fsdp import init_distributed
 from rl.recipes import smoke_cpu
 from rl.samples import Sample
 
@@ -62,6 +62,20 @@ def test_publish_weights_hands_every_actor_tensor_once(dist):
     lm_names = set(dict(learner.actor.lm.named_parameters()))
     assert len(names) == len(set(names)) and lm_names <= set(names)
     assert metrics["version"] == 1
+
+
+def test_a_value_step_does_not_advance_the_weight_version(dist, tmp_path):
+    """Versions count actor updates: a critic-only step publishes the same actor again, so a
+    run resumed after its value stage tags its engines as the uninterrupted run did."""
+    learner = _learner(dist)
+    learner.step("sft", _samples())
+    learner.step("value", _samples())
+    assert learner.publish_weights(lambda bucket: None)["version"] == 1
+    learner.save(tmp_path, 2, {})
+    resumed = _learner(dist)
+    assert resumed.load(tmp_path) is not None
+    assert resumed.publish_weights(lambda bucket: None)["version"] == 1
+    assert resumed.optimizer_steps == 2
 
 
 def test_lr_scale_multiplies_the_stage_learning_rate(dist):

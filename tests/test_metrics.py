@@ -222,6 +222,36 @@ def test_tensorboard_gets_the_same_scalars(tmp_path):
     assert [(e.step, e.value) for e in events] == [(0, 0.5), (1, 1.5)]
 
 
+def _tb_steps(tb_dir, tag: str) -> list[int]:
+    """Every step of `tag` in the raw event files, duplicates included (no reader-side purge)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    steps = []
+    for path in sorted(tb_dir.glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            steps += [event.step for v in event.summary.value if v.tag == tag]
+    return sorted(steps)
+
+
+def test_tensorboard_has_each_step_once_after_a_resume(tmp_path):
+    with MetricsWriter(tmp_path) as w:
+        for step in range(5):
+            w.write(step, {"x": step})
+    with MetricsWriter(tmp_path, start_step=3) as w:  # steps 3 and 4 are done again
+        for step in (3, 4):
+            w.write(step, {"x": 10 * step})
+    assert _tb_steps(tmp_path / "tb", "x") == [0, 1, 2, 3, 4]
+
+
+def test_a_fresh_run_in_an_old_dir_starts_a_new_tensorboard_curve(tmp_path):
+    with MetricsWriter(tmp_path) as w:
+        w.write(0, {"x": 1})
+        w.write(1, {"x": 2})
+    with MetricsWriter(tmp_path) as w:
+        w.write(0, {"x": 5})
+    assert _tb_steps(tmp_path / "tb", "x") == [0]
+
+
 def test_read_metrics_of_missing_dir_is_empty(tmp_path):
     assert read_metrics(tmp_path / "nope") == []
 
@@ -246,8 +276,8 @@ def test_progress_plain_lines_with_time_per_step_and_eta():
     bar.update(1, {"reward_mean": 2.0})  # step_metrics' own, unprefixed names
     bar.close()
     lines = out.getvalue().splitlines()
-    assert lines[0] == "[step 1/10] reward 1.25 pass 62% | 20.0s/step | ETA 3m00s"
-    assert lines[1] == "[step 2/10] reward 2.00 | 30.0s/step | ETA 4m00s"
+    assert lines[0] == "[step 0 (1/10)] reward 1.25 pass 62% | 20.0s/step | ETA 3m00s"
+    assert lines[1] == "[step 1 (2/10)] reward 2.00 | 30.0s/step | ETA 4m00s"
 
 
 def test_progress_counts_from_the_resumed_step():
@@ -255,7 +285,7 @@ def test_progress_counts_from_the_resumed_step():
     bar = ProgressBar(100, start_step=40, out=out, clock=clock)
     clock.now += 60
     line = bar.update(40, {})
-    assert line == "[step 41/100] | 60.0s/step | ETA 59m00s"
+    assert line == "[step 40 (41/100)] | 60.0s/step | ETA 59m00s"
 
 
 def test_progress_rewrites_one_line_on_a_terminal():

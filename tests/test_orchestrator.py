@@ -18,6 +18,7 @@ from agentcore.scripted import ScriptedEngine
 from agentcore.session import WorkspaceTools
 from agentcore.store import TrajectoryStore, read_trajectories
 from agentcore.types import (
+    INFRA_FAILURES,
     Compile,
     Finish,
     Message,
@@ -243,6 +244,26 @@ async def test_resumed_run_neither_loses_nor_repeats_trajectories(renderer, work
     keys = [(t.group_id, t.sample_index) for t in read_trajectories(path)]
     assert sorted(keys) == sorted({(f"g{i}", s) for i in range(6) for s in range(2)})
     assert all(len(g.trajectories) == 2 for g in groups)
+
+
+async def test_resume_with_redo_reruns_engine_errors_and_keeps_the_model_s_endings(renderer, workspace_root):
+    path = workspace_root / "t.jsonl"
+    items = [WorkItem(task=task(i), group_id=f"g{i}", samples=2) for i in range(3)]
+    flaky = _FlakyEngine(make_engine(renderer, solving_script(renderer)), bad="g1/")
+    async with TrajectoryStore(path) as store:
+        await collect(make_orch(renderer, flaky, workspace_root, store=store), items)
+    first = {(t.group_id, t.sample_index): t for t in read_trajectories(path)}
+    assert {k for k, t in first.items() if t.status is Status.ENGINE_ERROR} == {("g1", 0), ("g1", 1)}
+    engine = make_engine(renderer, solving_script(renderer))
+    async with TrajectoryStore(path, redo=INFRA_FAILURES) as store:
+        groups = await collect(make_orch(renderer, engine, workspace_root, store=store), items)
+    assert engine.requests == 2 * 5  # only g1's two samples ran again, five turns each
+    assert sorted(g.group_id for g in groups) == ["g1"]
+    assert [t.status for t in groups[0].trajectories] == [Status.COMPLETED, Status.COMPLETED]
+    final = {(t.group_id, t.sample_index): t for t in read_trajectories(path, strict=True)}
+    assert sorted(final) == sorted(first)
+    assert {t.status for t in final.values()} == {Status.COMPLETED}
+    assert all(final[k].trajectory_id == t.trajectory_id for k, t in first.items() if k[0] != "g1")
 
 
 async def test_tool_errors_are_shown_to_the_model_not_raised(renderer, workspace_root):

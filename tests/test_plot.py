@@ -28,10 +28,23 @@ def test_plot_writes_only_figures_whose_keys_exist(tmp_path, capsys):
     assert "4 steps, 3 figures" in capsys.readouterr().out
 
 
-def test_plot_out_dir_option(tmp_path):
+def test_plots_option_picks_where_the_pngs_go(tmp_path):
     write_run(tmp_path / "run", **{"rollout/pass_rate": 0.1})
-    assert plot.main([str(tmp_path / "run"), "--out", str(tmp_path / "pngs")]) == 0
+    assert plot.main(["--out", str(tmp_path / "run"), "--plots", str(tmp_path / "pngs")]) == 0
     assert [p.name for p in (tmp_path / "pngs").iterdir()] == ["rates.png"]
+
+
+def test_the_run_directory_as_out_or_first_argument(tmp_path):
+    write_run(tmp_path / "run", **{"rollout/pass_rate": 0.1})
+    assert plot.main(["--out", str(tmp_path / "run")]) == 0
+    assert plot.main([str(tmp_path / "run")]) == 0
+    assert [p.name for p in (tmp_path / "run" / "plots").iterdir()] == ["rates.png"]
+
+
+def test_two_different_run_directories_are_a_one_line_error(tmp_path, capsys):
+    assert plot.main([str(tmp_path / "a"), "--out", str(tmp_path / "b")]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("cuda-agent plot: two run directories") and "--plots" in line
 
 
 def test_bare_key_names_are_found_too(tmp_path):
@@ -87,3 +100,53 @@ def test_text_reward_curve_bars_follow_the_mean():
 
 def test_text_reward_curve_without_rewards():
     assert plot.print_reward_curve([{"step": 0}], out=io.StringIO()) == "no rewards logged yet\n"
+
+
+def _rows(steps, **keys):
+    return [{"step": s, **keys} for s in steps]
+
+
+def _figure(name):
+    return next(spec for spec in plot.FIGURES if spec.name == name)
+
+
+def test_step_ticks_are_whole_numbers():
+    fig = plot.render(_figure("reward"), _rows([5, 6], **{"rollout/reward_mean": -1.0}))
+    [ax] = fig.axes
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+
+
+def test_share_panels_show_zero_to_one_whatever_the_values():
+    fig = plot.render(_figure("rates"), _rows([0, 1], **{"rollout/pass_rate": 0.0}))
+    [ax] = fig.axes
+    low, high = ax.get_ylim()
+    assert -0.05 < low <= 0 and 1 <= high < 1.05
+    assert list(ax.get_yticks()) == [0, 0.25, 0.5, 0.75, 1]
+
+
+def test_axis_labels_and_titles_fit_inside_the_image():
+    rows = _rows(range(3), **{"train/sft_loss": 7.5, "train/policy_loss": 0.1, "train/value_loss": 0.03})
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = plot.render(_figure("losses"), rows)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()  # as savefig does: the layout is applied
+    renderer, box = canvas.get_renderer(), fig.bbox
+    for ax in fig.axes:
+        for text in (ax.xaxis.label, ax.yaxis.label, ax.title):
+            extent = text.get_window_extent(renderer)
+            assert box.x0 <= extent.x0 and extent.x1 <= box.x1 and box.y0 <= extent.y0 and extent.y1 <= box.y1
+
+
+def test_the_rft_loss_is_plotted(tmp_path):
+    write_run(tmp_path, **{"train/sft_loss": 7.5})
+    assert plot.main([str(tmp_path)]) == 0
+    assert [p.name for p in (tmp_path / "plots").iterdir()] == ["losses.png"]
+    [ax] = plot.render(_figure("losses"), _rows([0, 1], **{"train/sft_loss": 7.5})).axes
+    assert ax.get_title() == "RFT loss"
+
+
+def test_panels_without_data_are_left_out_of_the_figure():
+    fig = plot.render(_figure("throughput"), _rows([0, 1], **{"perf/tokens_per_s": 100.0}))
+    assert [ax.get_title() for ax in fig.axes] == ["Training throughput"]

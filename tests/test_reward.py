@@ -1,4 +1,4 @@
-"""The milestone reward (REFERENCE.md section 1) and its boundary types, on hand-computed cases."""
+"""The milestone reward (rewards/README.md) and its boundary types, on hand-computed cases."""
 
 from __future__ import annotations
 

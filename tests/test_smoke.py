@@ -1,9 +1,11 @@
 """`cuda-agent smoke` on a CPU machine: the CPU variant of the README's main job runs the whole
 training path (learner rank process, embedded engine over HTTP, orchestrator, real tools in the
-sandbox, fake kernel environment) and leaves a loadable run behind."""
+sandbox, fake kernel environment) and leaves a loadable run behind; it ends saying what ran and
+what the CPU variant cannot show, prints our own lines only, and keeps directories it did not make."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -59,3 +61,43 @@ def test_smoke_export_loads_in_transformers(smoke_run):
     tok = AutoTokenizer.from_pretrained(out / "hf", local_files_only=True)
     assert model.config.vocab_size >= len(tok)
     assert (out / "ckpt" / "latest").exists()
+
+
+def test_smoke_ends_saying_what_ran_and_what_the_cpu_variant_cannot_show(smoke_run):
+    out, proc = smoke_run
+    verdict, cpu = proc.stdout.strip().splitlines()[-2:]
+    assert verdict.startswith("smoke passed: 8 trajectories rolled out and scored (rft 2, value 2, ppo 4)")
+    assert "7 updates applied (rft 4, value 1, ppo 2)" in verdict
+    assert "checkpoint step_000007" in verdict and f"Hugging Face export {out / 'hf'}" in verdict
+    assert "a resume starts at step 7" in verdict
+    assert cpu.startswith("CPU variant: no GPU, so no kernel was compiled, verified or timed")
+    assert orjson.loads((out / "summary.json").read_bytes())["passed"] is True
+
+
+def test_progress_line_and_log_name_the_same_steps(smoke_run):
+    _, proc = smoke_run
+    bar = [int(n) for n in re.findall(r"^\[step (\d+) \(\d+/7\)\]", proc.stderr, re.MULTILINE)]
+    log = [int(n) for n in re.findall(r"cuda-agent\.train: step (\d+) \(", proc.stderr)]
+    assert bar == log == list(range(7))
+
+
+def test_smoke_prints_no_progress_bars_or_warnings_but_its_own(smoke_run):
+    out, proc = smoke_run
+    for text in (proc.stdout, proc.stderr, (out / "learner.log").read_text()):
+        assert "it/s]" not in text and "Warning" not in text
+
+
+def test_smoke_marks_its_directory(smoke_run):
+    out, _ = smoke_run
+    marker = orjson.loads((out / ".cuda-agent-run").read_bytes())
+    assert marker["command"] == "smoke" and "--out" in marker["argv"] and marker["time"]
+
+
+def test_smoke_refuses_a_directory_it_did_not_make(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    proc = subprocess.run([sys.executable, "-m", "agentcore.cli", "smoke", "--cpu", "--out", "."],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 2
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("cuda-agent smoke: . holds files and is not an earlier smoke run; pass --force")
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]

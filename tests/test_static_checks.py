@@ -18,7 +18,15 @@ from rewards.static.checks import (
 )
 from rewards.static.cpp import check_cpp, strip_cpp
 from rewards.static.python import check_model_new
-from rewards.verdict import HackCategory, Verdict, VerdictStatus, hack_verdict
+from rewards.verdict import (
+    RULES,
+    HackCategory,
+    Verdict,
+    VerdictStatus,
+    apply_rules,
+    hack_verdict,
+    partial_work,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CHEATS = sorted(p for p in (FIXTURES / "cheats").iterdir() if (p / "cheat.json").exists())
@@ -392,3 +400,270 @@ def test_modified_and_deleted_protected_files_are_flagged():
 def test_a_clean_workspace_verdict_is_none():
     assert hack_verdict(findings_of(HONEST[0])) is None
     assert Verdict(status=VerdictStatus.OK).ok
+
+
+# --- idiom pairs: honest code accepted under both rule sets, the cheat behind it rejected ----------
+
+IDIOMS_DIR = FIXTURES / "idioms"
+IDIOMS = sorted(p for p in IDIOMS_DIR.iterdir() if (p / "idiom.json").exists())
+
+
+def idiom_files(idiom: Path, variant: str) -> dict[str, str]:
+    """base/ with the variant's files laid over it."""
+    files = {}
+    for root in (IDIOMS_DIR / "base", idiom / variant):
+        for p in root.rglob("*"):
+            if p.is_file():
+                files[p.relative_to(root).as_posix()] = p.read_text()
+    return files
+
+
+def idiom_findings(idiom: Path, variant: str, rules: str):
+    files = idiom_files(idiom, variant)
+    return check_sources(files, reference=files["model.py"], rules=rules)
+
+
+@pytest.mark.parametrize("rules", RULES)
+@pytest.mark.parametrize("idiom", IDIOMS, ids=ids(IDIOMS))
+def test_honest_idiom_is_accepted(idiom, rules):
+    assert [str(f) for f in idiom_findings(idiom, "honest", rules) if f.blocking] == []
+
+
+@pytest.mark.parametrize("idiom", IDIOMS, ids=ids(IDIOMS))
+def test_cheat_behind_an_idiom_is_rejected(idiom):
+    category = HackCategory(json.loads((idiom / "idiom.json").read_text())["cheat_category"])
+    verdict = hack_verdict(idiom_findings(idiom, "cheat", "paper"))
+    assert verdict is not None and category in {f.category for f in verdict.findings if f.blocking}
+
+
+@pytest.mark.parametrize("idiom", IDIOMS, ids=ids(IDIOMS))
+def test_cheat_behind_an_idiom_under_kernelbench_rules(idiom):
+    meta = json.loads((idiom / "idiom.json").read_text())
+    findings = idiom_findings(idiom, "cheat", "kernelbench")
+    blocking = {f.category for f in findings if f.blocking}
+    if meta["kernelbench"] == "rejected":
+        assert HackCategory(meta["cheat_category"]) in blocking
+    else:  # torch doing part of the work: a note here; the GPU audit judges the own share
+        assert blocking == set() and any(f.torch_work and not f.blocking for f in findings)
+
+
+def test_idiom_base_is_clean():
+    files = idiom_files(IDIOMS_DIR / "base", "")
+    assert check_sources(files, reference=files["model.py"]) == []
+
+
+# --- rule sets ---------------------------------------------------------------------------------
+
+
+def test_torch_work_is_a_hack_under_paper_rules_and_partial_under_kernelbench():
+    source = model_new(forward="return cuda_extension.f(F.conv2d(x, self.w))", init="self.w = nn.Parameter(torch.ones(1))")
+    paper = hack_verdict(check_model_new(source))
+    assert paper.hack is HackCategory.TORCH_COMPUTE and paper.rules == "paper"
+    assert hack_verdict(check_model_new(source), "kernelbench") is None
+    (note,) = apply_rules(check_model_new(source), "kernelbench")
+    assert not note.blocking and note.message.startswith("partial: torch does torch.nn.functional.conv2d")
+
+
+def test_kernelbench_rules_keep_every_other_check():
+    source = model_new(forward="y = cuda_extension.f(x)\nself.cache = y\nreturn F.relu(y)")
+    verdict = hack_verdict(check_model_new(source), "kernelbench")
+    assert verdict.hack is HackCategory.OUTPUT_CACHING and verdict.rules == "kernelbench"
+
+
+def test_forward_without_the_extension_is_a_decoy_under_both_rule_sets():
+    source = model_new(forward="return F.relu(x)")
+    for rules in RULES:
+        verdict = hack_verdict(check_model_new(source), rules)
+        assert HackCategory.DECOY_KERNEL in {f.category for f in verdict.findings if f.blocking}
+
+
+def test_torch_code_generators_stay_hacks_under_kernelbench_rules():
+    source = model_new(forward="return cuda_extension.f(torch.compile(F.relu)(x))")
+    assert hack_verdict(check_model_new(source), "kernelbench").hack is HackCategory.TORCH_COMPUTE
+
+
+def test_binding_torch_ops_are_partial_under_kernelbench_rules():
+    source = BINDING_HEAD + "torch::Tensor f(torch::Tensor x) {\n  return at::relu(torch::conv2d(x, x));\n}\n"
+    findings = check_cpp(source, file="kernels/k_binding.cpp")
+    assert {f.torch_work for f in findings} == {"at::relu", "torch::conv2d"}
+    assert all(not f.blocking for f in apply_rules(findings, "kernelbench"))
+
+
+def test_namespace_alias_is_obfuscation_under_paper_rules_and_partial_under_kernelbench():
+    findings = check_cpp(BINDING_HEAD + "using namespace at;\n", file="kernels/k_binding.cpp")
+    assert hack_verdict(findings).hack is HackCategory.OBFUSCATION
+    assert hack_verdict(findings, "kernelbench") is None
+
+
+def test_partial_work_names_what_torch_does():
+    findings = apply_rules(check_model_new(model_new(forward="return cuda_extension.f(x) @ x")), "kernelbench")
+    verdict = Verdict(status=VerdictStatus.OK, findings=tuple(findings), rules="kernelbench")
+    assert partial_work(verdict) == "a matmul (@)"
+    assert partial_work(Verdict(status=VerdictStatus.OK, details={"partial": "aten.addmm"})) == "aten.addmm"
+
+
+# --- idioms, pinned one rule at a time ---------------------------------------------------------
+
+
+def test_helpers_forward_also_calls_are_not_init_context():
+    source = model_new(
+        init="self.w = nn.Parameter(torch.ones(4))\nself._scale()",
+        forward="return cuda_extension.f(self._scale())",
+    ) + "\n    def _scale(self):\n        return self.w * 2\n"
+    assert HackCategory.TORCH_COMPUTE in {f.category for f in check_model_new(source) if f.blocking}
+
+
+def test_apply_of_an_init_helper_is_followed():
+    source = model_new(init="self.apply(self._init)", forward="return cuda_extension.f(x)") + (
+        "\n    def _init(self, m):\n        if isinstance(m, nn.Linear):\n"
+        "            nn.init.zeros_(m.weight)\n"
+    )
+    assert check_model_new(source) == []
+
+
+def test_local_blocks_built_through_a_list_are_local_modules():
+    source = LOCAL_BLOCKS.replace(
+        "        self.blocks = nn.ModuleList([Block(c) for _ in range(3)])\n",
+        "        self.blocks = self._make_layer(c)\n",
+    ).replace(
+        "    def forward(self, x):\n        x = self.stem(x)",
+        "    def _make_layer(self, c):\n        layers = []\n        for _ in range(3):\n"
+        "            layers.append(Block(c))\n        return nn.Sequential(*layers)\n\n"
+        "    def forward(self, x):\n        x = self.blocks(self.stem(x))",
+    )
+    assert check_model_new(source) == []
+
+
+def test_unused_third_party_import_is_still_forbidden():
+    (finding,) = check_model_new(model_new(extra="import numpy"))
+    assert finding.category is HackCategory.FORBIDDEN_IMPORT and finding.blocking
+
+
+def test_stale_task_global_read_by_model_new_is_problem_shrinking():
+    source = model_new(extra="features = 8", init="self.n = features")
+    (finding,) = check_model_new(source, reference="features = 1024\n")
+    assert finding.category is HackCategory.PROBLEM_SHRINKING and finding.blocking
+
+
+def test_task_globals_may_be_computed_from_constants():
+    source = model_new(extra="height = width = 64\nsize = height * 2")
+    assert check_model_new(source, reference="height = width = 64\nsize = 128\n") == []
+
+
+def test_build_guard_with_a_kernel_call_is_a_fallback():
+    source = "try:\n    import cuda_extension\n    cuda_extension.warmup()\nexcept Exception:\n    pass\n"
+    assert HackCategory.FALLBACK_PATH in {f.category for f in check_model_new(model_new(extra=source))}
+
+
+def test_type_with_an_argument_is_a_cast():
+    findings = check_model_new(model_new(forward="return cuda_extension.f(x.type(torch.float64))"))
+    assert [f.torch_work for f in findings] == [".type()"]
+
+
+def test_used_denied_header_stays_blocking_when_used_in_another_file():
+    files = {
+        "kernels/k.cu": '#include <curand_kernel.h>\nextern "C" void f() {}\n',
+        "kernels/k_binding.cpp": BINDING_HEAD + "void g() { curandState s; }\n",
+    }
+    findings = check_sources({"model_new.py": model_new(), **files})
+    (finding,) = [f for f in findings if f.category is HackCategory.FORBIDDEN_IMPORT]
+    assert finding.blocking and "curand" in finding.message
+
+
+def test_a_method_init_stores_for_later_runs_per_call():
+    source = model_new(
+        init="self.w = nn.Parameter(torch.ones(4))\nself.fast = self._fast",
+        forward="return cuda_extension.f(self.fast(x))",
+    ) + "\n    def _fast(self, x):\n        return x * self.w\n"
+    assert HackCategory.TORCH_COMPUTE in {f.category for f in check_model_new(source) if f.blocking}
+
+
+def test_a_lambda_made_in_init_runs_per_call():
+    source = model_new(init="self.act = lambda v: F.relu(v)", forward="return self.act(cuda_extension.f(x))")
+    assert HackCategory.TORCH_COMPUTE in {f.category for f in check_model_new(source) if f.blocking}
+
+
+def test_a_builder_nested_in_init_is_init_context():
+    init = (
+        "def block(c):\n    return nn.Sequential(nn.Conv2d(c, c, 3), nn.BatchNorm2d(c))\n"
+        "self.body = block(n)\nnn.init.zeros_(self.body[0].weight)"
+    )
+    source = model_new(init=init, forward="return cuda_extension.f(x, self.body[0].weight)")
+    assert check_model_new(source) == []
+
+
+def test_an_extension_bound_inside_try_is_the_extension():
+    extra = "try:\n    ext = cuda_extension\nexcept Exception as exc:\n    raise RuntimeError(exc)\n"
+    source = model_new(extra=extra, forward="return ext.f(x)")
+    assert check_model_new(source) == []
+
+
+# --- cuda-agent eval --static-only ----------------------------------------------------------------
+
+INLINE_FIXTURES = FIXTURES / "inline"
+RELU_TASK = (FIXTURES / "cheats_dynamic" / "echo_input" / "model.py").read_text()
+
+
+def test_lint_of_a_single_file_solution_names_its_rules(tmp_path):
+    from rewards.static.lint import lint
+
+    verdict = lint(INLINE_FIXTURES / "relu_honest.py", reference=RELU_TASK, rules="kernelbench")
+    assert verdict.ok and verdict.rules == "kernelbench"
+    cheat = lint(INLINE_FIXTURES / "relu_torch_in_wrapper.py", reference=RELU_TASK, rules="paper")
+    assert cheat.hack is HackCategory.TORCH_COMPUTE
+
+
+def test_lint_of_a_folder_finds_each_task_by_its_kernelbench_path(tmp_path):
+    from rewards.static.lint import Problems, line, lint_tree
+
+    (tmp_path / "set" / "level1").mkdir(parents=True)
+    (tmp_path / "set" / "level1" / "19_ReLU.py").write_text((INLINE_FIXTURES / "relu_honest.py").read_text())
+    (tmp_path / "set" / "level1" / "20_Other.py").write_text("import torch\n")
+    problems = Problems([Problems.row(1, 19, RELU_TASK)])
+    lines = [line(p, v) for p, v in lint_tree(tmp_path / "set", problems, rules="paper")]
+    assert [ln.split("\t")[1:3] for ln in lines] == [["ok", "paper"], ["layout", "paper"]]
+
+
+def test_static_only_command_lints_a_folder_without_a_gpu(tmp_path, capsys):
+    from rewards.eval_cmd import main
+
+    (tmp_path / "level1").mkdir()
+    for name in ("relu_honest.py", "relu_torch_in_wrapper.py"):
+        (tmp_path / "level1" / f"19_{name}").write_text((INLINE_FIXTURES / name).read_text())
+    task = tmp_path / "model.py"
+    task.write_text(RELU_TASK)
+    code = main(["--static-only", "--solution", str(tmp_path / "level1"), "--task", str(task), "--rules", "kernelbench"])
+    out = capsys.readouterr()
+    statuses = [ln.split("\t")[1] for ln in out.out.splitlines()]
+    assert code == 0 and statuses == ["ok", "partial"] and "2 solutions under kernelbench rules" in out.err
+
+
+STATEFUL_TASK = """
+class Model(nn.Module):
+    def forward(self, x):
+        self.hidden = torch.tanh(self.i2h(torch.cat((x, self.hidden), dim=1)))
+        return self.h2o(self.hidden)
+"""
+
+
+def test_state_the_task_itself_keeps_across_calls_is_allowed():
+    source = model_new(forward="self.hidden = cuda_extension.rnn_step(x, self.hidden)\nreturn cuda_extension.f(self.hidden)")
+    assert check_model_new(source, reference=STATEFUL_TASK) == []
+    cheat = model_new(forward="self.hidden = cuda_extension.rnn_step(x, self.hidden)\nself.out = self.hidden\nreturn self.out")
+    assert HackCategory.OUTPUT_CACHING in {f.category for f in check_model_new(cheat, reference=STATEFUL_TASK)}
+
+
+def test_adding_into_a_rebound_input_name_is_not_input_mutation():
+    source = model_new(forward="identity = x\nx = cuda_extension.f(x)\nx += identity\nreturn x")
+    assert {f.category for f in check_model_new(source)} == {HackCategory.TORCH_COMPUTE}
+    cheat = model_new(forward="x += 1\nx = cuda_extension.f(x)\nreturn x")
+    assert HackCategory.INPUT_MUTATION in {f.category for f in check_model_new(cheat)}
+
+
+@pytest.mark.parametrize("workspace", STATIC_CHEATS, ids=ids(STATIC_CHEATS))
+def test_kernelbench_rules_relax_only_torch_doing_part_of_the_work(workspace):
+    # Under kernelbench rules a static cheat is still rejected unless every blocking finding is
+    # torch doing work; those are left to the GPU audit's decoy checks (rewards.verify.judge).
+    findings = findings_of(workspace)
+    if hack_verdict(findings, "kernelbench") is None:
+        assert all(f.torch_work for f in findings if f.blocking)

@@ -11,6 +11,7 @@ import sys
 import msgspec
 import pytest
 
+from rewards.queue.jobs import decode, encode
 from rewards.timing import stats
 from rewards.timing.baselines import (
     BaselineCache,
@@ -21,16 +22,6 @@ from rewards.timing.baselines import (
     load_task,
     make_key,
     report,
-)
-from rewards.queue.jobs import decode, encode
-from rewards.verify.precision import (
-    FP32,
-    POLICIES,
-    TF32_BEST,
-    changed_flags,
-    policy,
-    precision_flags,
-    snapshot_flags,
 )
 from rewards.timing.sampling import (
     METHOD_EVENT,
@@ -49,6 +40,15 @@ from rewards.timing.sampling import (
     summarize,
     use_graph,
     warm_up,
+)
+from rewards.verify.precision import (
+    FP32,
+    POLICIES,
+    TF32_BEST,
+    changed_flags,
+    policy,
+    precision_flags,
+    snapshot_flags,
 )
 
 H100_L2, H200_L2 = 50 << 20, 60 << 20
@@ -141,7 +141,7 @@ def test_spread_of_medians_is_range_over_median():
 def test_side_work_is_suspected_when_the_host_waited_far_longer_than_the_events():
     honest = dict(lead_ms=0.03, slack_ms=0.05, slack_rel=0.1)
     assert not stats.side_work_suspect(2.85, 2.92, **honest)
-    assert stats.side_work_suspect(0.17, 2.95, **honest)  # REFERENCE.md section 3, item 7
+    assert stats.side_work_suspect(0.17, 2.95, **honest)  # rewards/README.md, hack 7
 
 
 # --- the stopping rule ---------------------------------------------------------------------------
@@ -287,6 +287,27 @@ def test_summarize_flags_a_call_whose_host_time_dwarfs_its_events():
         input_pool=4, l2_bytes=H200_L2, flush_bytes=256 << 20,
     )  # fmt: skip
     assert m.side_work_suspect
+
+
+def test_summarize_records_host_ratio_in_the_timing_and_the_launch_ratio():
+    run = Run(device_ms=[2.0] * 30, host_ms=[2.1] * 30, stop="converged", seconds=0.1, launch_ms=[1.9] * 30)
+    m = summarize(
+        run, WarmUp(3, 0.2, 2.0), config=TimingConfig(), method=METHOD_EVENT, calls=1, flush_ms=0.06,
+        input_pool=4, l2_bytes=H200_L2, flush_bytes=256 << 20,
+    )  # fmt: skip
+    assert m.timing.host_ratio == pytest.approx(2.0 / 2.1) and m.timing.graph_ms is None
+    assert m.launch_ratio == pytest.approx(0.95)
+
+
+def test_the_sampling_loop_keeps_each_samples_launch_time():
+    clock = FakeClock()
+
+    def sample(i: int) -> Sample:
+        clock.now += 1e-3
+        return Sample(device_ms=1.0, host_ms=1.1, launch_ms=0.2)
+
+    run = sample_until_stable(sample, TimingConfig(), clock=clock)
+    assert list(run.launch_ms) == [0.2] * len(run.device_ms)
 
 
 def test_measurement_round_trips_through_msgpack():

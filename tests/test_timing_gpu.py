@@ -4,43 +4,17 @@ side-stream work is flagged, the KernelBench 19_ReLU baselines run and cache. Ma
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
-from rewards.timing.sampling import METHOD_EVENT, METHOD_GRAPH, TimingConfig, forced
 from rewards.timing.gpu_timer import measure
+from rewards.timing.sampling import METHOD_EVENT, METHOD_GRAPH, TimingConfig, forced
+from rl.data.kernelbench import default_problems_path
 
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[1]
-PROBLEM_FILES = [
-    os.environ.get("KERNELBENCH_PROBLEMS", ""),
-    ROOT / "shared/kernelbench/problems.jsonl",  # a shared/ inside the checkout travels to the device
-    ROOT.parent / "shared/kernelbench/problems.jsonl",
-]
-RELU_FALLBACK = """
-import torch
-import torch.nn as nn
-
-class Model(nn.Module):
-    def __init__(self):
-        super(Model, self).__init__()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(x)
-
-batch_size = 4096
-dim = 393216
-
-def get_inputs():
-    x = torch.rand(batch_size, dim)
-    return [x]
-
-def get_init_inputs():
-    return []
-"""  # KernelBench level1/19_ReLU.py without its docstrings, for when problems.jsonl did not travel
 
 
 def scale_kernel(n: int):
@@ -55,13 +29,8 @@ def scale_kernel(n: int):
 
 
 def relu_source() -> str:
-    for path in map(Path, filter(None, PROBLEM_FILES)):
-        if path.is_file():
-            for line in path.read_text().splitlines():
-                row = json.loads(line)
-                if row["level"] == 1 and row["name"] == "19_ReLU":
-                    return row["code"]
-    return RELU_FALLBACK
+    rows = (json.loads(line) for line in default_problems_path().read_text().splitlines())
+    return next(r["code"] for r in rows if r["level"] == 1 and r["name"] == "19_ReLU")
 
 
 def test_timing_a_known_kernel_twice_agrees_within_two_percent():
@@ -109,7 +78,7 @@ def test_side_stream_work_is_flagged_and_honest_work_is_not():
         g = torch.Generator("cuda").manual_seed(i)
         return torch.rand(4096, 4096, device="cuda", generator=g), torch.rand(4096, 4096, device="cuda")
 
-    def cheat(a, b):  # REFERENCE.md section 3, item 7: the events never see this matmul
+    def cheat(a, b):  # rewards/README.md, hack 7: the events never see this matmul
         with torch.cuda.stream(side):
             return a @ b
 

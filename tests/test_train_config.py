@@ -1,17 +1,32 @@
 """Training config: recipes resolve, dotted overrides apply and are checked, the config is saved
 with the run; the task order of a step is a deterministic function of seed and step; the RFT
-filter keeps exactly what the paper keeps."""
+filter keeps exactly what the paper keeps. The command line: the default recipe is one the
+machine runs, `--out`/`--run-dir`, `--help` without torch, and run directories that keep the
+user's files."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from agentcore.types import Finish, Status, Timings, ToolError, ToolErrorKind, Trajectory, Turn, WriteFile
+from agentcore.types import (
+    Finish,
+    Status,
+    Task,
+    Timings,
+    ToolError,
+    ToolErrorKind,
+    Trajectory,
+    Turn,
+    WriteFile,
+)
+from rl import train as train_cmd
 from rl.config import apply_overrides, load_config, save_config
 from rl.recipes import RECIPES, smoke
 from rl.selection import is_looping, rft_rejection
 from rl.stages import collection_tasks, stage_plan, tasks_for_step
-from agentcore.types import Task
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
@@ -33,8 +48,9 @@ def test_bad_overrides_name_the_key(bad):
         apply_overrides(smoke(), [bad])
 
 
-def test_smoke_plan_chains_rft_value_ppo():
-    assert [name for name, _ in stage_plan(smoke())] == ["rft", "value", "ppo"]
+def test_smoke_plan_chains_rft_value_ppo_over_consecutive_global_steps():
+    cfg = apply_overrides(smoke(), ["steps.rft=3", "steps.value=1", "steps.ppo=2"])
+    assert [tuple(s) for s in stage_plan(cfg)] == [("rft", 0, 3), ("value", 3, 4), ("ppo", 4, 6)]
 
 
 def _tasks(n):
@@ -96,3 +112,91 @@ def test_node_layouts_keep_verification_gpus_exclusive(name):
     assert sorted(learner | verify) == list(range(len(learner | verify)))  # GPUs 0..n-1, none idle
     assert cfg.orchestrator.gpu_slots == len(verify)
     assert cfg.recipe == name and cfg.run_dir.endswith(name)
+
+
+# -- the command line: recipe default, GPU check, run directory -------------------------------
+
+
+def test_recipe_names_of_the_parser_are_the_recipes():
+    assert sorted(train_cmd.RECIPE_NAMES) == sorted(RECIPES)
+
+
+@pytest.mark.parametrize("cuda, recipe", [(False, "smoke_cpu"), (True, "single_gpu")])
+def test_the_default_recipe_is_one_this_machine_runs(monkeypatch, capsys, cuda, recipe):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    cfg, _ = train_cmd.parse_args([])
+    assert cfg.recipe == recipe
+    assert f"recipe {recipe}" in capsys.readouterr().err
+
+
+def test_a_gpu_recipe_on_a_machine_without_one_is_a_one_line_error(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    problem = train_cmd.gpu_problem(RECIPES["single_gpu"]())
+    assert "CUDA sees no GPU" in problem and "--recipe smoke_cpu" in problem
+    assert train_cmd.gpu_problem(RECIPES["smoke_cpu"]()) is None
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert "CUDA sees only 4" in train_cmd.gpu_problem(RECIPES["node_8gpu"]())
+
+
+def test_out_and_run_dir_name_the_same_directory():
+    for flag in ("--out", "--run-dir"):
+        cfg, _ = train_cmd.parse_args(["--recipe", "smoke_cpu", flag, "runs/x"])
+        assert cfg.run_dir == "runs/x"
+
+
+def test_help_shows_defaults_without_importing_torch():
+    code = ("import sys\nfrom agentcore.cli import main\n"
+            "try:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules, 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False).stdout
+    assert out.strip().endswith("False False")
+    text = " ".join(out.split())
+    assert "default: single_gpu on a machine with a GPU, smoke_cpu without one" in text
+    assert "--out DIR, --run-dir DIR" in text
+
+
+def test_train_refuses_a_directory_of_other_files(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    problem = train_cmd.run_dir_problem(tmp_path, "train")
+    assert "is not a run directory" in problem and "--force" in problem
+    assert train_cmd.run_dir_problem(tmp_path, "train", force=True) is None
+    proc = subprocess.run([sys.executable, "-m", "agentcore.cli", "train", "--recipe", "smoke_cpu", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(f"cuda-agent train: {tmp_path} holds files")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_train_refuses_checkpoints_without_resume_and_takes_an_earlier_run(tmp_path):
+    train_cmd.mark_run(tmp_path, "train", [])
+    (tmp_path / "metrics.jsonl").write_text("")
+    assert train_cmd.run_dir_problem(tmp_path, "train") is None  # an earlier run: a fresh run may reuse it
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "step_000002").mkdir()
+    assert "--resume" in train_cmd.run_dir_problem(tmp_path, "train")
+    assert train_cmd.run_dir_problem(tmp_path, "train", resume=True) is None
+
+
+def test_smoke_replaces_only_its_own_earlier_runs(tmp_path):
+    assert train_cmd.run_dir_problem(tmp_path / "new", "smoke") is None
+    train_cmd.mark_run(tmp_path, "smoke", ["--out", str(tmp_path)])
+    assert train_cmd.run_dir_problem(tmp_path, "smoke") is None
+    (tmp_path / train_cmd.RUN_MARKER).unlink()
+    train_cmd.mark_run(tmp_path, "train", [])
+    assert "is a `cuda-agent train` run" in train_cmd.run_dir_problem(tmp_path, "smoke")
+
+
+def test_clearing_a_run_keeps_the_users_files(tmp_path):
+    train_cmd.mark_run(tmp_path, "smoke", [])
+    for name in ("ckpt/step_000007", "hf", "tb"):
+        (tmp_path / name).mkdir(parents=True)
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "data").mkdir()
+    train_cmd.clear_run(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "notes.txt"]

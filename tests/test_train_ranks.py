@@ -1,4 +1,4 @@
-"""`cuda-agent train` with several learner ranks (issue 7's layout: an FSDP2 learner over several
+"""`cuda-agent train` with several learner ranks (the node layout: an FSDP2 learner over several
 GPUs, one embedded engine per rank behind the router), and the progress lines a rollout batch logs.
 
 On CPU the two ranks run with gloo; on two GPUs (the `gpu` test) with NCCL, where each rank's

@@ -17,6 +17,7 @@ import pytest
 
 from rl.config import apply_overrides
 from rl.engine.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from rl.learner.protocol import Empty, ReleaseRequest
 from rl.learner.rank import Rank
 from rl.recipes import smoke_cpu
 from rl.stages import releases_memory
@@ -83,9 +84,9 @@ async def test_the_rank_holds_its_engine_from_release_until_resume(engine, tmp_p
     dist = SimpleNamespace(rank=0, world_size=1, device=engine.device)
     rank = Rank(smoke_cpu(), tmp_path, dist, learner=None, engine=engine)
     assert "memory" not in engine.statistics().holds
-    await rank.release({"weights": True})
+    await rank.release(ReleaseRequest(weights=True))
     assert "memory" in engine.statistics().holds  # admission held: no generation during training
-    await rank.resume({})
+    await rank.resume(Empty())
     assert engine.statistics().holds == ()
-    await rank.resume({})  # a second resume (the failure path's) is harmless
+    await rank.resume(Empty())  # a second resume (the failure path's) is harmless
     assert engine.statistics().holds == ()

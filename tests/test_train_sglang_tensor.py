@@ -256,6 +256,7 @@ async def test_a_failed_release_names_rank_and_server_and_resume_loses_nothing(t
 def test_a_value_step_keeps_the_server_weights_and_resumes_the_rest():
     """No weight sync follows a value step, so the server keeps its weights (SGLang drops freed
     weights), and the driver's resume brings back the KV cache and continues generation."""
+    from rl.learner.protocol import Empty, ReleaseRequest
     from rl.learner.rank import Rank
 
     class Server:
@@ -274,9 +275,9 @@ def test_a_value_step_keeps_the_server_weights_and_resumes_the_rest():
     rank.server = server = Server()
 
     async def steps() -> None:
-        await rank.release({"weights": False})
-        await rank.resume({})
-        await rank.resume({})  # nothing left to restore: no call
+        await rank.release(ReleaseRequest(weights=False))
+        await rank.resume(Empty())
+        await rank.resume(Empty())  # nothing left to restore: no call
 
     anyio.run(steps)
     assert server.calls == [("pause_generation", "abort"), ("flush_cache",),

@@ -48,7 +48,7 @@ class _RecordingRun:
 
 @pytest.mark.parametrize("policy", [True, False])
 async def test_rft_collection_rolls_out_the_policy_unless_demonstrations_suffice(tmp_path, policy):
-    from rl.stages import _collect
+    from rl.stages import collect_trajectories
 
     (tmp_path / "softmax.py").write_text((DEMOS / "l1_23_softmax" / "model.py").read_text())
     cfg = apply_overrides(smoke_cpu(), [f"data.tasks={tmp_path}", 'data.demo_names=["l1_1_matmul_cublas"]',
@@ -56,8 +56,8 @@ async def test_rft_collection_rolls_out_the_policy_unless_demonstrations_suffice
                                         f"data.rft_policy_rollouts={str(policy).lower()}"])
     run = _RecordingRun(cfg)
     tasks = training_tasks(cfg)
-    await _collect(run, tasks, "rft")
-    await _collect(run, tasks, "value")  # the value collection always rolls out the policy
+    await collect_trajectories(run, tasks, "rft")
+    await collect_trajectories(run, tasks, "value")  # the value collection always rolls out the policy
     policy_call = ("rft_collect", sorted(t.task_id for t in tasks))
     assert run.calls == [("rft_demos", ["l1_1_matmul_cublas"])] + [policy_call] * policy + [
         ("value_collect", policy_call[1])]

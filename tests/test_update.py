@@ -15,7 +15,6 @@ import torch
 
 from rl.learner.models import ModelConfig, build_actor, build_critic, tiny_qwen2_config
 from rl.learner.packing import micro_batches
-from rl.samples import Sample
 from rl.learner.update import (
     PPOConfig,
     advantages_and_returns,
@@ -24,6 +23,7 @@ from rl.learner.update import (
     sft_step,
     value_step,
 )
+from rl.samples import Sample
 
 VOCAB = 40
 EXACT = PPOConfig(max_grad_norm=1e9)  # no clipping: gradients compare exactly

@@ -17,8 +17,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from agentcore.types import Task
+from rewards.reward import score
+from rewards.static.checks import check_workspace
+from rewards.verdict import HackCategory as H
+from rewards.verdict import VerdictStatus as S
 from rewards.verify.audit import (
     OpAudit,
     attribute,
@@ -30,12 +35,9 @@ from rewards.verify.audit import (
 from rewards.verify.compare import check_output, is_constant, precision_error
 from rewards.verify.inputs import VARIANTS, draw_inputs, load_task, plan_trials
 from rewards.verify.judge import Judge, JudgeSettings
-from rewards.reward import score
-from rewards.static.checks import check_workspace
-from rewards.verdict import HackCategory as H
-from rewards.verdict import VerdictStatus as S
 from rewards.verify.verifier import CandidateProcess, VerifyConfig, VerifyRequest, run_verification, to_verify_result
 from rewards.verify.wire import KernelEvent, Loaded, Snapshot, TrialReport
+from rl.data.kernelbench import PROBLEMS
 
 FIXTURES = Path(__file__).parent / "fixtures"
 HONEST = sorted(p for p in (Path(__file__).resolve().parents[1] / "rl" / "demos").glob("*") if p.is_dir())
@@ -179,13 +181,89 @@ def test_wrong_candidate_fails_with_its_status(child, tmp_path, forward, status)
     assert score(verdict, None, None, None).reward == -1.0
 
 
-def test_parameter_names_must_match_the_reference(child, tmp_path):
-    text = HEADER + (
-        "class ModelNew(nn.Module):\n    def __init__(self, features):\n        super().__init__()\n"
-        "        self.fc = nn.Linear(features, features)\n\n    def forward(self, x):\n        return x\n"
-    )
-    verdict = verify_text(child, tmp_path, text, allow_torch_compute=True)
-    assert verdict.status is S.RUNTIME_ERROR and "parameter and buffer names" in verdict.message
+# ModelNew may name its parameters differently from Model (rewards.verify.candidate.load_state).
+
+def model_new(init: str, forward: str, *, prelude: str = "") -> str:
+    """A ModelNew(features) whose __init__ and forward bodies are given whole."""
+    def indent(text: str) -> str:
+        return "\n".join("        " + line for line in text.strip().splitlines())
+
+    return (f"{HEADER}{prelude}\n\nclass ModelNew(nn.Module):\n    def __init__(self, features):\n"
+            f"        super().__init__()\n{indent(init)}\n\n    def forward(self, x):\n{indent(forward)}\n")
+
+
+# Zeros unless the reference's state is loaded: passing proves the mapping, not the seed.
+RENAMED = ("self.weight = nn.Parameter(torch.zeros(features, features))\n"
+           "self.bias = nn.Parameter(torch.zeros(features))")
+PERMUTED = ("self.b = nn.Parameter(torch.zeros(features))\n"
+            "self.w = nn.Parameter(torch.zeros(features, features))")
+# One fused [out, in + 1] tensor: nothing maps onto Model's two, but built under the same seed.
+FUSED = ("linear = nn.Linear(features, features)\n"
+         "self.weight_bias = nn.Parameter(torch.cat([linear.weight, linear.bias[:, None]], 1).detach())")
+FUSED_FORWARD = "return torch.relu(F.linear(x, self.weight_bias[:, :-1], self.weight_bias[:, -1]))"
+
+
+@pytest.mark.parametrize(
+    ("init", "forward", "state"),
+    [
+        ("self.linear = nn.Linear(features, features)", f"return {LINEAR}", "loaded by name"),
+        (RENAMED, "return torch.relu(F.linear(x, self.weight, self.bias))", "mapped by position (2 tensors)"),
+        (PERMUTED, "return torch.relu(F.linear(x, self.w, self.b))", "mapped by shape (2 tensors)"),
+        (FUSED, FUSED_FORWARD, "same seed, not loaded"),
+    ],
+    ids=["same_names", "renamed", "permuted_unique_shapes", "fused_same_seed"],
+)
+def test_parameter_naming_never_fails_an_honest_candidate(child, tmp_path, init, forward, state):
+    verdict = verify_text(child, tmp_path, model_new(init, forward), allow_torch_compute=True)
+    assert verdict.ok, verdict
+    assert verdict.details["state"] == state
+
+
+@pytest.mark.parametrize(
+    ("init", "forward", "status", "hack", "state"),
+    [
+        ("self.fc = nn.Linear(features, features)", "return x", S.HACK, H.DEGENERATE_OUTPUT,
+         "mapped by position (2 tensors)"),
+        ("self.w = nn.Parameter(torch.zeros(1))", "return torch.zeros(x.shape[0], 32) + self.w",
+         S.HACK, H.DEGENERATE_OUTPUT, "same seed, not loaded"),
+        ("g = torch.Generator().manual_seed(0)\nself.w = torch.rand(features, features, generator=g)",
+         "return torch.relu(x @ self.w.t())", S.WRONG_OUTPUT, None, "same seed, not loaded"),
+    ],
+    ids=["renamed_input_echo", "unmappable_constant", "weights_outside_the_state_dict"],
+)
+def test_renaming_hides_no_cheat(child, tmp_path, init, forward, status, hack, state):
+    verdict = verify_text(child, tmp_path, model_new(init, forward), allow_torch_compute=True)
+    assert verdict.status is status and verdict.hack is hack, verdict
+    assert verdict.details["state"] == state
+    assert score(verdict, None, None, None).reward == -1.0
+
+
+def test_load_state_maps_by_name_position_and_unique_shape_or_leaves_the_seeded_values():
+    from rewards.verify.candidate import load_state
+
+    ref = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3)).state_dict()
+
+    class Flat(nn.Module):
+        def __init__(self, shapes):
+            super().__init__()
+            for i, shape in enumerate(shapes[:-1]):
+                self.register_parameter(f"p{i}", nn.Parameter(torch.zeros(shape)))
+            self.register_buffer("steps", torch.zeros(shapes[-1], dtype=torch.long))
+
+    in_order = [(3, 4), (3,), (3,), (3,), (3,), (3,), ()]
+    flat = Flat(in_order)
+    assert load_state(flat, ref) == "mapped by position (7 tensors)"
+    assert all(torch.equal(a, b) for a, b in zip(flat.state_dict().values(), ref.values()))
+    swapped = {"b": torch.rand(3), "w": torch.rand(3, 4)}
+    target = nn.Linear(4, 3)
+    assert load_state(target, swapped) == "mapped by shape (2 tensors)"
+    assert torch.equal(target.weight, swapped["w"]) and torch.equal(target.bias, swapped["b"])
+    fresh = Flat([(3, 4), (3,), (3,), (3,), (3,), ()])  # one tensor short: nothing is loaded
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
+    assert load_state(fresh, ref) == "same seed, not loaded"
+    assert all(torch.equal(before[k], v) for k, v in fresh.state_dict().items())
+    same = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
+    assert load_state(same, ref) == "loaded by name"
 
 
 def test_child_crash_is_a_runtime_error(child, tmp_path):
@@ -362,14 +440,13 @@ def test_precision_error_separates_fp16_rounding_from_fp32_noise():
 
 # --- the fixture corpus (built and run in test_verify_gpu.py) -----------------------------------
 
-KERNELBENCH = Path(__file__).resolve().parents[2] / "shared" / "kernelbench" / "problems.jsonl"
+KERNELBENCH = PROBLEMS
 
 
 def test_corpus_has_ten_honest_kernelbench_problems_and_the_cheats():
     assert len(HONEST) >= 10 and len(CHEATS) >= 8
 
 
-@pytest.mark.skipif(not KERNELBENCH.exists(), reason="KernelBench data not present")
 @pytest.mark.parametrize("workspace", HONEST, ids=lambda p: p.name)
 def test_honest_model_py_is_a_kernelbench_problem_verbatim(workspace):
     codes = {json.loads(line)["code"] for line in KERNELBENCH.read_text().splitlines()}

@@ -1,4 +1,4 @@
-"""Where a verify or profile job's time goes (issue 3: each job under 3 s): the phases a job's
+"""Where a verify or profile job's time goes (the target: each job under 3 s): the phases a job's
 result carries, on the CPU path of verification (a real queue worker, a real candidate child,
 device "cpu") and of the profile child, and the bench report's aggregation of them.
 
@@ -21,6 +21,7 @@ from rewards.queue.jobs import Job, JobResult, JobStatus, decode, encode
 from rewards.timing.profile import Profile, ProfileRequest, Timed, time_candidate
 from rewards.timing.sampling import TimingConfig
 from rewards.verdict import Verdict, VerdictStatus
+from rewards.verify.phases import CHILD, Phases, process_age_ms, top_level_ms
 from rewards.verify.verifier import (
     CandidateProcess,
     VerifyConfig,
@@ -29,7 +30,6 @@ from rewards.verify.verifier import (
     run_verification,
     verdict_from_job,
 )
-from rewards.verify.phases import CHILD, Phases, process_age_ms, top_level_ms
 from rewards.verify.wire import Loaded, TrialReport, child_decoder
 
 TASK = """

@@ -1,4 +1,4 @@
-"""The zygote launcher of candidate and profile children (rewards.queue.zygote; issue 3), on the CPU:
+"""The zygote launcher of candidate and profile children (rewards.queue.zygote), on the CPU:
 with `child_launcher="zygote"` verifications give the verdicts "spawn" gives, each job gets a
 fresh child forked by the zygote with the spawned child's properties (own process group, the
 channel fds at their numbers and nothing else, the worker's resource limits), timeouts and
@@ -25,6 +25,7 @@ from rewards.queue.jobs import Job, encode
 from rewards.timing.profile import ProfileConfig, ProfileRequest, time_candidate
 from rewards.timing.sampling import TimingConfig
 from rewards.verdict import HackCategory, VerdictStatus
+from rewards.verify.phases import Phases
 from rewards.verify.verifier import (
     CandidateProcess,
     VerifyConfig,
@@ -33,7 +34,6 @@ from rewards.verify.verifier import (
     run_verification,
     verdict_from_job,
 )
-from rewards.verify.phases import Phases
 
 TASK = """
 import torch

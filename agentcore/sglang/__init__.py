@@ -1,6 +1,7 @@
 """The SGLang side of agentcore: a client per server, a launcher, and a router over servers.
 
-What it is: everything that talks to SGLang's native HTTP API (REFERENCE.md section 5).
+What it is: everything that talks to SGLang's native HTTP API (`/generate`, the
+control and weight-update routes of `python/sglang/srt/entrypoints/http_server.py`).
 What it is not: chat rendering (done before the engine) or weight serialisation (the learner's
 job, in `rl`); nothing here imports torch.
 

@@ -3,7 +3,7 @@
 What it is: `SGLangClient` implements `agentcore.engine.Engine` against `/generate` (never text,
 never the OpenAI routes) plus the control endpoints a colocated RL step needs (flush, abort,
 pause/continue, memory release/resume, weight updates). Field names follow SGLang's
-`managers/io_struct.py` and `entrypoints/http_server.py` (REFERENCE.md section 5).
+`python/sglang/srt/managers/io_struct.py` and `entrypoints/http_server.py`.
 What it is not: a launcher (`launcher.py`) or a load balancer (`router.py`); it imports no torch.
 
 Failure policy: transport errors and 5xx are retried with exponential backoff and jitter until
@@ -57,10 +57,12 @@ class SGLangClientConfig(Struct, frozen=True, kw_only=True):
     """Timeout of one /health_generate probe (SGLang itself waits up to 20 s)."""
     weight_update_timeout_s: float = 1800.0
     """Timeout of weight-update calls (loading a large checkpoint takes minutes)."""
-    max_retries: int = 5
-    """Retries of one HTTP exchange after a transport error or a 5xx."""
+    max_retries: int | None = 5
+    """Retries of one HTTP exchange after a transport error or a 5xx; None: no count, only
+    `retry_budget_s` ends them."""
     retry_budget_s: float = 300.0
-    """Stop retrying once this long has passed since the first failure of an exchange."""
+    """Stop retrying once this long has passed since the first failure of an exchange (the
+    backoff never sleeps past it)."""
     backoff_base_s: float = 0.5
     """First backoff; doubles each retry, with jitter."""
     backoff_max_s: float = 30.0
@@ -223,13 +225,14 @@ class SGLangClient:
             except _Retryable as failure:
                 now = time.monotonic()
                 failing_since = failing_since if failing_since is not None else now
-                out_of_budget = now - failing_since >= self.config.retry_budget_s
-                if not retry or attempt >= self.config.max_retries or out_of_budget:
+                left_s = self.config.retry_budget_s - (now - failing_since)
+                out_of_retries = self.config.max_retries is not None and attempt >= self.config.max_retries
+                if not retry or out_of_retries or left_s <= 0:
                     raise EngineError(
                         f"SGLang at {self.base_url}{path} failed after {attempt + 1} attempt(s) "
                         f"over {now - started:.1f}s: {failure}"
                     ) from failure.__cause__
-                await anyio.sleep(self._backoff_s(attempt))
+                await anyio.sleep(min(self._backoff_s(attempt), left_s))
                 attempt += 1
                 self._retries += 1
 

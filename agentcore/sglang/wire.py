@@ -2,8 +2,8 @@
 
 What it is: pure functions and wire Structs, no I/O. Field names follow SGLang's
 `managers/io_struct.py` (GenerateReqInput, SamplingParams, AbortReq, the weight-update inputs)
-and `entrypoints/http_server.py` (status codes, `{success, message}` acks). REFERENCE.md section 5
-summarises the contract. What it is not: the retry or resume policy (`client.py`).
+and `entrypoints/http_server.py` (status codes, `{success, message}` acks), both under SGLang's
+`python/sglang/srt/`. What it is not: the retry or resume policy (`client.py`).
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 #!/usr/bin/env bash
-# Are launch-bound baselines slower while the CPUs are busy (the hypothesis behind session 7-8's
-# baseline-recheck misses), and does a lane on cores of its own undo it? One GPU call (~8-9 min):
-#   run(command="bash bench/device/contention.sh", kind="nvidia-h100-x1", carry=[".device", ".kb"])
-# Three of the 17 problems whose two measurements disagreed: eager and torch.compile baselines in
-# 2 quiet processes, 2 more while as many busy-looping processes as CPUs hold the machine, and 2
-# more on 2 cores of their own with the busy processes on the rest (--pin-cores).
-set -u
-OUT=${OUT:-$PWD/device-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps .device/*.whl 2>&1 | tail -1
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KERNELBENCH_PROBLEMS=$PWD/.kb/problems.jsonl
+# Whether launch-bound baselines slow down while every CPU is busy, and whether 2 cores of their own undo it.
+#   run(command="bash bench/device/contention.sh", kind="nvidia-h100-x1", carry=[".device", ".kb"])   # ~8-9 min
+# Three problems whose two baseline measurements disagreed in the full recheck: eager and torch.compile
+# baselines in 2 quiet processes, 2 more while as many busy-looping processes as CPUs hold the machine,
+# and 2 more on 2 cores of their own with the busy processes on the rest (--pin-cores). LIMIT: seconds (540).
+source "$(dirname "$0")/preamble.sh"
 T0=$SECONDS
 timeout ${LIMIT:-540} python3 -m bench.system.timing --runs 1 --baseline-runs 2 --cpu-load $(nproc) --pin-cores 2 --out $OUT/contention.json \
   --problems 4_LeNet5,20_MobileNetV2,71_conv_transposed_2D__asymmetric_input__square_kernel \

@@ -1,13 +1,9 @@
 #!/usr/bin/env bash
-# Issue 4's second figure: FSDP2's per-GPU rate on 2 and 4 GPUs against 1, the same machine and
-# configuration (1.5B, PPO update of actor + critic, per-rank token budget fixed), in one call:
+# FSDP2's per-GPU update rate on 2 and 4 ranks against 1 (bench.system.learner, 1.5B, per-rank tokens fixed).
 #   run(command="bash bench/device/fsdp_scaling.sh", kind="nvidia-h200-x4", carry=[".device"])
-# Session 4 (AC on every block): 2 GPUs at 89.1% of 1. This runs the best single-GPU setting
-# (no AC, fused AdamW, gathered weights kept) at 1, 2 and 4 ranks.
-set -u
-OUT=${OUT:-$PWD/device-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps .device/*.whl 2>&1 | tail -1
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+# The PPO update of actor + critic under torchrun in the best single-GPU setting (no AC, fused AdamW,
+# gathered weights kept). RANKS (1 2 4), TOKENS per micro-batch (16384), EXTRA (--no-ac), LIMIT per run in s (150).
+source "$(dirname "$0")/preamble.sh"
 ARGS="--sizes 1.5b --tokens ${TOKENS:-16384} --compile-blocks --steps 3 --warmup 2 --fused-adam --no-reshard ${EXTRA:---no-ac}"
 T0=$SECONDS
 for n in ${RANKS:-1 2 4}; do

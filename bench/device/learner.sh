@@ -1,13 +1,8 @@
 #!/usr/bin/env bash
-# The learner's GPU checks of session 5's CPU-only work, in one device call (one H200, < 9 min):
-#   run(command="bash bench/device/learner.sh", kind="nvidia-h200", carry=[".device", ".bwrap", ".kb"])
-# The head-on-actions GPU tests, `cuda-agent smoke` (its default), bench.system.learner with and without it.
-set -u
-OUT=${OUT:-$PWD/device-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps .device/*.whl 2>&1 | tail -1
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PATH=$PWD/.bwrap/usr/bin:$PATH
-export LD_LIBRARY_PATH=$PWD/.bwrap/lib/x86_64-linux-gnu:$PWD/.bwrap/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-export KERNELBENCH_PROBLEMS=$PWD/.kb/problems.jsonl
+# The LM head on action positions only: its GPU tests, `cuda-agent smoke` with it, and 1.5B MFU with and without it.
+#   run(command="bash bench/device/learner.sh", kind="nvidia-h200", carry=[".device", ".bwrap", ".kb"])   # < 9 min
+# bench.system.learner 1.5B, 16k tokens per micro-batch, compiled blocks: head on actions (the default), then --full-head.
+source "$(dirname "$0")/preamble.sh"
 T0=$SECONDS
 timeout 90 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_head_actions.py tests/test_models.py > $OUT/pytest.log 2>&1
 echo "head GPU tests rc $? at $((SECONDS-T0)) s"; tail -1 $OUT/pytest.log

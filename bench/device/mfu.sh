@@ -1,14 +1,10 @@
 #!/usr/bin/env bash
-# Issue 4's MFU question in one nvidia-h200 call (1.5B Qwen2-shaped, PPO update of actor + critic):
-#   run(command="bash bench/device/mfu.sh", kind="nvidia-h200", carry=[".device", ".bwrap", ".kb"])
-# History (H200, 16k tokens per micro-batch, no AC, compiled blocks): session 4 34.7%, session 8
-# 35.1% (3 micro-batches where 2 fit; packing fixed since), session 9: base 37.8%, fused AdamW
-# 38.9%, no reshard 38.7%, both 39.4% (fused AdamW is now the training default; single_gpu keeps
-# the gathered weights). Each variant runs in a fresh process; VARIANTS picks some by name.
-set -u
-OUT=${OUT:-$PWD/device-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps .device/*.whl 2>&1 | tail -1
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+# MFU of the learner's PPO update (bench.system.learner, 1.5B, actor + critic) on one H200 at four micro-batch sizes.
+#   run(command="bash bench/device/mfu.sh", kind="nvidia-h200", carry=[".device"])
+# Fused AdamW, gathered weights kept, compiled blocks; 16k/20k/24k tokens per micro-batch without activation
+# checkpointing (20k and up need an H200's memory), 32k with it on every 2nd block. Each variant runs in a
+# fresh process; VARIANTS picks some by name, LIMIT: seconds per variant (150).
+source "$(dirname "$0")/preamble.sh"
 COMMON="--sizes 1.5b --compile-blocks --steps 3 --warmup 2 --fused-adam --no-reshard"
 declare -A ARGS=(
   [t16k_noac]="--tokens 16384 --no-ac"

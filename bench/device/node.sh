@@ -1,14 +1,11 @@
 #!/usr/bin/env bash
-# Issue 7 on a multi-GPU device machine, in one call:
-#   run(command="bash bench/device/node.sh node_8gpu 7", kind="nvidia-h200-x8",
-#       carry=[".device", ".bwrap", ".kb", ".dev"])       # .dev/tasks.jsonl: synthesized tasks
-# Args: recipe, watcher GPU. First the 2-rank GPU test (the per-thread CUDA device), then
-# `python -m bench.system.node`: a short rft -> value -> ppo run with the checkpoint watcher beside it.
-# NODE_SETS="--set k=v ..." is appended to bench.system.node's overrides (later ones win); RANKS_TEST=0 skips the test.
-# PRESET=demo_ppo puts these first (NODE_SETS still wins): rft on the two demonstrations until the
-# policy replays them, then 3 PPO steps whose rollouts write kernels (node_2gpu, session 9: 2 of 4
-# samples correct in PPO steps 1 and 3), with TASKS=.dev/tasks5.jsonl (5 synthesized tasks).
-set -u
+# A short `cuda-agent train` run on a node layout with the checkpoint watcher beside it (bench.system.node's report).
+#   run(command="bash bench/device/node.sh node_8gpu 7", kind="nvidia-h200-x8", carry=[".device", ".bwrap", ".kb", ".dev"])
+# Args: recipe (node_2gpu), watcher GPU (1). First the 2-rank GPU test (RANKS_TEST=0 skips it), then rft -> value -> ppo
+# on TASKS (.dev/tasks.jsonl: synthesized tasks) for LIMIT_S seconds (420). NODE_SETS="--set k=v ..." is appended
+# to bench.system.node's overrides (later ones win). PRESET=demo_ppo puts these first: rft on the two demonstrations
+# until the policy replays them, then 3 PPO steps whose rollouts write kernels, on TASKS=.dev/tasks5.jsonl (5 tasks).
+source "$(dirname "$0")/preamble.sh"
 if [ "${PRESET:-}" = demo_ppo ]; then
   TASKS=${TASKS:-$PWD/.dev/tasks5.jsonl}
   NODE_SETS="--set data.with_demo_tasks=true --set data.rft_policy_rollouts=false --set data.demos=2 \
@@ -18,11 +15,6 @@ if [ "${PRESET:-}" = demo_ppo ]; then
 --set checkpoint.every_steps=1000 ${NODE_SETS:-}"
 fi
 RECIPE=${1:-node_2gpu}; WATCH=${2:-1}; LIMIT=${LIMIT_S:-420}; TASKS=${TASKS:-$PWD/.dev/tasks.jsonl}
-OUT=${OUT:-$PWD/device-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps .device/*.whl 2>&1 | tail -1
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PATH=$PWD/.bwrap/usr/bin:$PATH
-export LD_LIBRARY_PATH=$PWD/.bwrap/lib/x86_64-linux-gnu:$PWD/.bwrap/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-export KERNELBENCH_PROBLEMS=$PWD/.kb/problems.jsonl
 T0=$SECONDS
 if [ "${RANKS_TEST:-1}" = 1 ]; then
   timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_train_ranks.py > $OUT/ranks.log 2>&1
@@ -30,7 +22,7 @@ if [ "${RANKS_TEST:-1}" = 1 ]; then
 fi
 RUN=/tmp/node; rm -rf $RUN  # a warm machine keeps /tmp from the previous call
 timeout $((LIMIT + 120)) python3 -m bench.system.node --recipe $RECIPE --run-dir $RUN --time-limit-s $LIMIT --watch-gpus $WATCH \
-  --watch-grace-s 45 --single-gpu-json bench/results/2026-11-22-session4/l_15_16k_ac1.json \
+  --watch-grace-s 45 --single-gpu-json bench/results/learner/ac1_t16k_1gpu.json \
   --set stage=smoke --set model.compile_blocks=false --set data.tasks=$TASKS --set data.demos=1 \
   --set data.collect_tasks=6 --set steps.rft=2 --set steps.value=1 --set steps.ppo=3 --set data.tasks_per_step=6 \
   --set data.samples_per_task=2 --set rollout.max_turns=3 --set rollout.max_new_tokens=256 \

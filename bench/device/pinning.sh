@@ -1,13 +1,9 @@
 #!/usr/bin/env bash
-# Session 10's contention check found 20_MobileNetV2's baselines 10-20% faster in a process pinned to
-# two cores than unpinned. Is it core placement (NUMA locality to the GPU) or pinning as such?
-# Fresh baseline processes (eager + torch.compile, bench.system.timing's child) unpinned, on the first two
-# cores and on the last two, in turns, one GPU call:
+# Whether core placement changes a launch-bound model's baselines: unpinned, first 2 cores, last 2 cores.
 #   run(command="bash bench/device/pinning.sh", kind="nvidia-h100-x1", carry=[".device", ".kb"])
-set -u
-OUT=${OUT:-$PWD/device-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps .device/*.whl 2>&1 | tail -1
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+# Eager and torch.compile baselines of PROBLEM (20_MobileNetV2) in bench.system.timing's child process, the three
+# placements in turns for ROUNDS (1 2 3); the GPU/NUMA topology goes to $OUT/topology.txt.
+source "$(dirname "$0")/preamble.sh"
 PROBLEM=${PROBLEM:-20_MobileNetV2}; N=$(nproc)
 { nvidia-smi topo -m; lscpu | grep -i "numa\|model name"; } > $OUT/topology.txt 2>&1; cat $OUT/topology.txt
 T0=$SECONDS

@@ -1,14 +1,9 @@
 #!/usr/bin/env bash
-# `cuda-agent smoke` on one GPU with its trajectories brought back, in one device call (< 8 min):
-#   run(command="bash bench/device/smoke.sh", kind="nvidia-h200", carry=[".device", ".bwrap", ".kb"])
-# The check: PPO rollouts that reach compile/verify/profile (gpu_queue/jobs_done grows during the
-# PPO steps; rollouts/ppo_*.jsonl have completed trajectories with reward > -1).
-set -u
-OUT=${OUT:-$PWD/device-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps .device/*.whl 2>&1 | tail -1
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PATH=$PWD/.bwrap/usr/bin:$PATH
-export LD_LIBRARY_PATH=$PWD/.bwrap/lib/x86_64-linux-gnu:$PWD/.bwrap/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-export KERNELBENCH_PROBLEMS=$PWD/.kb/problems.jsonl
+# `cuda-agent smoke` on one GPU: whether its PPO rollouts reach compile, verify and profile (rollouts kept).
+#   run(command="bash bench/device/smoke.sh", kind="nvidia-h200", carry=[".device", ".bwrap", ".kb"])   # < 8 min
+# The check: gpu_queue/jobs_done grows during the PPO steps; rollouts/ppo_*.jsonl (in $OUT/rollouts.tgz) have
+# completed trajectories with reward > -1.
+source "$(dirname "$0")/preamble.sh"
 T0=$SECONDS
 timeout 560 python3 -m agentcore.cli smoke --out /tmp/smoke > $OUT/smoke.log 2>&1; echo "smoke rc $? at $((SECONDS-T0)) s"
 cp /tmp/smoke/metrics.jsonl $OUT/smoke_metrics.jsonl 2>/dev/null

@@ -1,15 +1,10 @@
 #!/usr/bin/env bash
-# `cuda-agent smoke` variants side by side in one GPU call, each argument one variant's overrides:
+# `cuda-agent smoke` variants side by side: rft loss, then per PPO step reward, pass rate, log-prob gap and entropy.
 #   run(command='bash bench/device/smoke_ab.sh "optim.actor_lr=0 steps.ppo=6" "steps.ppo=6"',
 #       kind="nvidia-h200", carry=[".device", ".bwrap", ".kb"])
-# Prints per variant: rft sft loss every 50 steps, then per PPO step reward, pass rate, log-prob gap,
-# entropy, and the value collection's pass rate (the policy PPO starts from). ~4 min per variant.
-set -u
-OUT=${OUT:-$PWD/device-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps .device/*.whl 2>&1 | tail -1
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PATH=$PWD/.bwrap/usr/bin:$PATH
-export LD_LIBRARY_PATH=$PWD/.bwrap/lib/x86_64-linux-gnu:$PWD/.bwrap/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-export KERNELBENCH_PROBLEMS=$PWD/.kb/problems.jsonl
+# Each argument is one variant's overrides (key=value ...), ~4 min per variant; LIMIT: seconds per variant (280).
+# Also prints the value collection's pass rate (the policy PPO starts from).
+source "$(dirname "$0")/preamble.sh"
 n=0
 for variant in "$@"; do
   n=$((n + 1)); T0=$SECONDS; sets=""

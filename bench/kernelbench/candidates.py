@@ -4,11 +4,11 @@ What it is: `CandidateTools` wraps the orchestrator's ToolsFactory; after every 
 that succeeded on files that had passed `verify` unchanged, it keeps a snapshot of the solution
 files (model_new.py, kernels/<name>.cu, kernels/<name>_binding.cpp) with the profiled times.
 `BestCandidateScorer` (the orchestrator's Scorer) then takes the candidate with the largest
-speedup over torch.compile (the paper's selection, REFERENCE.md section 6) and runs the final
-evaluation on it in a fresh directory (`rewards.evaluate.FinalEvaluator.evaluate`). With no
-profiled candidate it evaluates the final workspace instead (a replayed wrapper never profiles,
-yet its hack category is what the benchmark must report); with no model_new.py at all the
-trajectory has no candidate. `EnvEvaluator` scores through any KernelEnv (the fake one on CPU).
+speedup over torch.compile (the CUDA Agent paper reports each trajectory's best solution) and
+runs the final evaluation on it in a fresh directory (`rewards.evaluate.FinalEvaluator.evaluate`).
+With no profiled candidate it evaluates the final workspace instead (a replayed wrapper never
+profiles, yet its hack category is what the benchmark must report); with no model_new.py at all
+the trajectory has no candidate. `EnvEvaluator` scores through any KernelEnv (the fake one on CPU).
 What it is not: the verifier or the profiler; in-loop tool results only pick the candidate.
 
 Example:

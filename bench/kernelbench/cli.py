@@ -13,9 +13,17 @@ problem (verdict, hack category, speedups) and the summary. Level 4 is skipped w
 its Models load HuggingFace hub weights. `--replay PATH` (repeatable; implies `--engine replay`)
 takes our workspaces or KernelBench single-file solutions (`level1/19_ReLU.py`); `--wrappers`
 adds generated reference wrappers for every problem no earlier set covers (all must be rejected).
-`--recheck-baselines` then times every selected problem's eager and torch.compile baselines once
-more in fresh processes (`bench.kernelbench.recheck`): OUT/baseline_recheck.jsonl, and the share
-within 10% in the report; on a finished OUT it only rechecks (also resumable).
+`--rules` picks the rule set (`rewards.verdict.Rules`); `--rules both` runs once per rule set and
+compares them (`bench.kernelbench.rules_report`). `--recheck-baselines` then times every selected
+problem's eager and torch.compile baselines once more in fresh processes
+(`bench.kernelbench.recheck`): OUT/baseline_recheck.jsonl, and the share within 10% in the
+report; on a finished OUT it only rechecks (also resumable).
+
+`--env real` (the default) first checks the machine (`rewards.build.toolchain.check_gpu_machine`:
+a CUDA build of torch, nvcc, a GPU) and refuses in one line, with the fix; an environment error
+during the run (`MachineError`) stops it, exit 2, leaving its problems to a rerun. `--env fake`
+is a plumbing check: stdout and the report say so, and show no rate. `--workers` (old name
+`--concurrency`) is `cuda-agent rollout`'s name for the trajectories in flight.
 """
 
 from __future__ import annotations
@@ -23,7 +31,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import signal
 import sys
 from collections import Counter
 from pathlib import Path
@@ -31,8 +38,15 @@ from pathlib import Path
 import anyio
 
 from agentcore import runtime
+from agentcore.cli import HelpFormatter
+from agentcore.signals import stop_on_signal
 from bench.kernelbench.recheck import NoGpuError
 from bench.system.records import ProblemRecord
+from rewards.build.toolchain import MachineError, ToolchainError, check_gpu_machine
+
+FAKE_ENV_LINE = ("cuda-agent bench: --env fake is a plumbing check, not a result: the fake environment compiles "
+                 "and runs nothing and passes any kernel with made-up times; run --env real on a GPU machine "
+                 "for pass rates and speedups")
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -40,9 +54,10 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cuda-agent bench", description=__doc__.split("\n")[0])
-    p.add_argument("--suite", choices=["kernelbench"], default="kernelbench")
-    p.add_argument("--problems", default="", help="problems.jsonl (default: $KERNELBENCH_PROBLEMS, shared/)")
+    p = argparse.ArgumentParser(prog="cuda-agent bench", description=__doc__.split("\n")[0],
+                                formatter_class=HelpFormatter)
+    p.add_argument("--suite", choices=["kernelbench"], default="kernelbench", help="benchmark suite")
+    p.add_argument("--problems", default="", help="KernelBench problems.jsonl (default: $KERNELBENCH_PROBLEMS, else the copy shipped with the package)")
     p.add_argument("--levels", default="1,2,3", help="KernelBench levels (4 is skipped: hub weights)")
     p.add_argument("--problem-ids", default="", help="only these problem ids, e.g. 19,23")
     p.add_argument("--engine", choices=["local", "sglang", "replay"], help="default: replay with --replay, else local")
@@ -56,19 +71,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replayed trajectories only compile (the final evaluation still verifies and times)")
     p.add_argument("--write-wrappers", metavar="DIR", help="only write the wrapper workspaces to DIR and exit")
     p.add_argument("--out", default="runs/bench", help="output directory (a rerun resumes)")
-    p.add_argument("--max-turns", type=int, default=200)
+    p.add_argument("--max-turns", type=int, default=200, help="turn limit of a trajectory (the paper's)")
     p.add_argument("--samples", type=int, default=1, help="trajectories per problem (the best is recorded)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=8192)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--checkpoint-step", type=int, default=None)
-    p.add_argument("--concurrency", type=int, default=256, help="trajectories in flight")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling")
+    p.add_argument("--max-new-tokens", type=int, default=8192, help="cap on one model turn")
+    p.add_argument("--seed", type=int, default=0, help="base seed; each trajectory's derives from it")
+    p.add_argument("--checkpoint-step", type=int, default=None, help="training step of the model, for the records")
+    p.add_argument("--workers", "--concurrency", dest="workers", type=int, default=256,
+                   help="concurrent trajectories (as in cuda-agent rollout; --concurrency is the old name)")
     p.add_argument("--gpus", default="", help="verification GPUs, e.g. 0,1 (default: all)")
     p.add_argument("--engine-device", default="auto", help="local engine device: auto, cuda:0, cpu")
-    p.add_argument("--env", choices=["real", "fake"], default="real", help="fake: CPU plumbing check only")
+    p.add_argument("--rules", choices=["paper", "kernelbench", "both"], default="paper",
+                   help="paper: the candidate's kernels do all the work; kernelbench: torch may do part of it; "
+                        "both: one run per rule set (OUT/paper, OUT/kernelbench) and OUT/rules_report.md")
+    p.add_argument("--env", choices=["real", "fake"], default="real",
+                   help="kernel environment: real (nvcc and a GPU) or fake (a CPU plumbing check that compiles "
+                        "and runs nothing: no result)")
     p.add_argument("--allow-unsandboxed", action="store_true", help="run bash without bwrap")
-    p.add_argument("--keep-workspaces", action="store_true")
+    p.add_argument("--keep-workspaces", action="store_true", help="keep each trajectory's workspace (OUT/workspaces)")
     p.add_argument("--no-report", action="store_true", help="skip report.md and the plots")
     p.add_argument("--recheck-baselines", action="store_true",
                    help="after the run, time each problem's eager/compile baselines again in fresh processes")
@@ -87,9 +108,9 @@ def to_config(a: argparse.Namespace):
         replay_paths=tuple(a.replay), replay_wrappers=a.wrappers, replay_checks=not a.no_replay_checks,
         out_dir=a.out, max_turns=a.max_turns, samples=a.samples, temperature=a.temperature, top_p=a.top_p,
         max_new_tokens=a.max_new_tokens, seed=a.seed, checkpoint_step=a.checkpoint_step,
-        concurrency=a.concurrency, gpus=_ints(a.gpus), engine_device=a.engine_device, env=a.env,
+        workers=a.workers, gpus=_ints(a.gpus), engine_device=a.engine_device, env=a.env,
         allow_unsandboxed=a.allow_unsandboxed, keep_workspaces=a.keep_workspaces,
-        recheck_baselines=a.recheck_baselines,
+        recheck_baselines=a.recheck_baselines, rules="paper" if a.rules == "both" else a.rules,
     )
 
 
@@ -115,9 +136,14 @@ def print_table(records: list[ProblemRecord], out=None) -> None:
     out = out or sys.stdout
     for r in records:
         verdict = r.status or r.outcome
-        print(f"L{r.level} {r.name:<48.48} {verdict:<14} {r.hack or '-':<22} "
-              f"eager {_fmt(r.speedup_vs_eager)} compile {_fmt(r.speedup_vs_compile)}", file=out)
+        times = (f"eager {_fmt(r.speedup_vs_eager)} compile {_fmt(r.speedup_vs_compile)}" if r.env != "fake"
+                 else "fake env: not compiled, not timed")
+        print(f"L{r.level} {r.name:<48.48} {verdict:<14} {r.hack or '-':<22} {times}", file=out)
     counts = Counter(r.outcome for r in records)
+    if any(r.env == "fake" for r in records):
+        print(f"\n{len(records)} problems went through rollout, scoring and recording: {dict(counts)}", file=out)
+        print(FAKE_ENV_LINE, file=out)
+        return
     correct = sum(r.correct and not r.hack for r in records)
     hacks = Counter(r.hack for r in records if r.hack)
     print(f"\n{len(records)} problems: {dict(counts)}; correct {correct}; hacks {dict(hacks)}", file=out)
@@ -141,14 +167,7 @@ async def _run(config) -> list[ProblemRecord] | None:
     records: list[ProblemRecord] | None = None
     finished = False
     async with anyio.create_task_group() as tg:
-        async def stop_on_signal() -> None:
-            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for signum in signals:
-                    print(f"\ncuda-agent bench: {signal.Signals(signum).name}, stopping", file=sys.stderr)
-                    tg.cancel_scope.cancel()
-                    return
-
-        tg.start_soon(stop_on_signal)
+        tg.start_soon(stop_on_signal, tg.cancel_scope, "cuda-agent bench")
         records = await run_benchmark(config)
         if config.recheck_baselines:
             s = summarize_recheck(await recheck_baselines(config))
@@ -175,10 +194,24 @@ def main(argv: list[str]) -> int:
         p.error(str(exc))
     if a.write_wrappers:
         return _write_wrappers(config, Path(a.write_wrappers))
+    if a.rules == "both":
+        from bench.kernelbench.rules_report import main_both
+
+        return main_both(argv, main, a.out)
     _check(p, config)
+    if config.env == "fake":
+        print(FAKE_ENV_LINE, flush=True)
+    elif problem := machine_problem(config.gpus):
+        print(f"cuda-agent bench: this machine cannot run --env real: {problem} (--env fake runs a CPU plumbing "
+              "check instead)", file=sys.stderr)
+        return 2
     try:
         records = runtime.run(_run, config)
-    except (FileNotFoundError, ValueError, NoGpuError) as exc:
+    except MachineError as exc:
+        print(f"cuda-agent bench: environment error (this machine, not the kernels), stopped: {exc}; the "
+              "problems it stopped have no record and the same command retries them", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, ValueError, NoGpuError, ToolchainError) as exc:
         print(f"cuda-agent bench: {exc}", file=sys.stderr)
         return 2
     if records is None:
@@ -190,6 +223,15 @@ def main(argv: list[str]) -> int:
         print(f"report: {path}")
     errors = sum(r.outcome == "error" for r in records)
     return 1 if records and errors == len(records) else 0
+
+
+def machine_problem(gpus: tuple[int, ...]) -> str | None:
+    """Why this machine cannot verify and time kernels (one line, with the fix), or None."""
+    try:
+        check_gpu_machine(gpus)
+    except MachineError as exc:
+        return str(exc)
+    return None
 
 
 def _write_wrappers(config, root: Path) -> int:

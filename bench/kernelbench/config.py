@@ -23,7 +23,7 @@ class BenchConfig(Struct, frozen=True, kw_only=True):
     """Everything a benchmark run depends on; saved as OUT/config.json (config_step<N>.json)."""
 
     problems_path: str = ""
-    """KernelBench problems.jsonl; '' means $KERNELBENCH_PROBLEMS or shared/kernelbench/."""
+    """KernelBench problems.jsonl; '' means $KERNELBENCH_PROBLEMS, else the copy shipped with the package."""
     levels: tuple[int, ...] = (1, 2, 3)
     """Levels to run; 4 is reported as skipped (hub weights)."""
     problem_ids: tuple[int, ...] = ()
@@ -63,8 +63,8 @@ class BenchConfig(Struct, frozen=True, kw_only=True):
     """Base seed; each trajectory's seed derives from it, the problem and the sample index."""
     checkpoint_step: int | None = None
     """Training step of the evaluated checkpoint (None: not from a training run)."""
-    concurrency: int = 256
-    """Trajectories in flight (orchestrator workers and model slots)."""
+    workers: int = 256
+    """Trajectories in flight (orchestrator workers and model slots), as `cuda-agent rollout --workers`."""
     compile_slots: int = 16
     """Concurrent compile calls."""
     gpus: tuple[int, ...] = ()
@@ -72,13 +72,17 @@ class BenchConfig(Struct, frozen=True, kw_only=True):
     engine_device: str = "auto"
     """Device of the local engine: auto, cuda, cuda:1, cpu."""
     env: Literal["real", "fake"] = "real"
-    """Kernel environment: real (nvcc + GPU queue) or the fake one (CPU plumbing checks only)."""
+    """Kernel environment: real (nvcc + GPU queue) or the fake one (a CPU plumbing check: it
+    compiles and runs nothing, so its records are no result); an out_dir holds runs of one env."""
     allow_unsandboxed: bool = False
     """Run the agent's bash without bubblewrap."""
     keep_workspaces: bool = False
     """Keep each trajectory's workspace (under OUT/workspaces)."""
     progress: bool = True
     """Show the live progress line on stderr."""
+    rules: Literal["paper", "kernelbench"] = "paper"
+    """The rule set of the evaluation (rewards.verdict.Rules); `cuda-agent bench --rules both` runs
+    one benchmark per rule set, in OUT/paper and OUT/kernelbench."""
     recheck_baselines: bool = False
     """After the run, time every selected problem's eager and torch.compile baselines again in fresh
     worker processes (`bench.kernelbench.recheck`, `cuda-agent bench --recheck-baselines`)."""

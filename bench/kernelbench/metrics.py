@@ -1,13 +1,13 @@
 """The KernelBench numbers of a benchmark run, computed from its per-problem records alone.
 
 What it is: `summarize(records)` turns `bench.system.records.ProblemRecord`s into a `Summary` per
-(source, checkpoint): per level and overall, the pass rate, the faster-than-eager and
+(source, checkpoint, kernel env): per level and overall, the pass rate, the faster-than-eager and
 faster-than-compile rates, the geometric-mean speedups over eager and over torch.compile, and
 KernelBench's fast_p curves; plus the outcome, verdict-status and hack-category counts.
 What it is not: the runner (`bench.kernelbench.run` writes the records) or the report
 (`bench.kernelbench.report` lays these out beside the paper's rows).
 
-Definitions (the results table of arXiv 2602.24286, REFERENCE.md section 1; KernelBench's fast_p):
+Definitions (the results table of the CUDA Agent paper, arXiv 2602.24286; KernelBench's fast_p):
 - counted problems: outcome `scored` or `no_candidate` (never produced a candidate: not correct).
   `error` (infrastructure failure) and `skipped` are excluded from every rate and counted apart.
 - correct: `scored`, `correct`, and no hack named (a flagged hack never counts as a pass).
@@ -16,6 +16,10 @@ Definitions (the results table of arXiv 2602.24286, REFERENCE.md section 1; Kern
 - geomean speedup: exp(mean log speedup) over the correct problems that have a speedup.
 - fast_p: share of counted problems that are correct with speedup > p (p = 0: the pass rate).
 - overall = the pooled problems of all levels, i.e. levels weighted by their problem count.
+- inconclusive: correct problems whose paired timing could not decide a milestone (an interval
+  straddled the 5% threshold; the lower milestone was given).
+- records judged by the fake kernel environment form their own Summary (`fake_env`): it checks
+  the plumbing and measures nothing, so its rates are not results.
 
 Example:
     for s in summarize(read_records(out_dir / "records.jsonl")):
@@ -76,11 +80,13 @@ class LevelMetrics(Struct, frozen=True, kw_only=True):
     """Counted problems whose final evaluation named a hack, by category."""
     statuses: dict[str, int]
     """Verdict statuses of the scored problems."""
+    inconclusive: int
+    """Correct problems whose paired timing withheld a milestone (an interval straddled 5%)."""
     fast_p: FastP
 
 
 class Summary(Struct, frozen=True, kw_only=True):
-    """All numbers of one (source, checkpoint) group of records."""
+    """All numbers of one (source, checkpoint, kernel env) group of records."""
 
     label: str
     source: str
@@ -88,6 +94,8 @@ class Summary(Struct, frozen=True, kw_only=True):
     faster_margin: float
     overall: LevelMetrics
     levels: dict[int, LevelMetrics]
+    fake_env: bool = False
+    """Judged by the fake kernel environment: a plumbing check, not a result."""
 
 
 def is_correct(r: ProblemRecord) -> bool:
@@ -145,6 +153,7 @@ def level_metrics(records: Sequence[ProblemRecord], *, faster_margin: float = 0.
         skipped=sum(r.outcome == "skipped" for r in records),
         hacks=dict(sorted(Counter(r.hack for r in counted if r.hack).items())),
         statuses=dict(sorted(Counter(r.status for r in counted if r.outcome == "scored" and r.status).items())),
+        inconclusive=sum(r.inconclusive for r in correct),
         fast_p=FastP(
             p=FAST_P_GRID,
             vs_eager=tuple(fast_p(counted, p, "eager") or 0.0 for p in FAST_P_GRID),
@@ -158,26 +167,27 @@ def _rate(k: int, n: int) -> float | None:
 
 
 def summarize(records: Iterable[ProblemRecord], *, faster_margin: float = 0.0) -> list[Summary]:
-    """One Summary per (source, checkpoint_step), ordered by checkpoint step then source."""
-    groups: dict[tuple[str, int | None], list[ProblemRecord]] = {}
+    """One Summary per (source, checkpoint_step, env), ordered by checkpoint step, source, env."""
+    groups: dict[tuple[str, int | None, str], list[ProblemRecord]] = {}
     for r in records:
-        groups.setdefault((r.source, r.checkpoint_step), []).append(r)
-    order = sorted(groups, key=lambda k: (k[1] is not None, k[1] or 0, k[0]))
-    return [_summary(source, step, groups[(source, step)], faster_margin) for source, step in order]
+        groups.setdefault((r.source, r.checkpoint_step, r.env), []).append(r)
+    order = sorted(groups, key=lambda k: (k[1] is not None, k[1] or 0, k[0], k[2]))
+    return [_summary(*key, groups[key], faster_margin) for key in order]
 
 
-def _summary(source: str, step: int | None, records: list[ProblemRecord], margin: float) -> Summary:
+def _summary(source: str, step: int | None, env: str, records: list[ProblemRecord], margin: float) -> Summary:
     by_level: dict[int, list[ProblemRecord]] = {}
     for r in records:
         by_level.setdefault(r.level, []).append(r)
     label = source if step is None else f"{source} @ step {step}"
     return Summary(
-        label=label,
+        label=label + (" [fake env]" if env == "fake" else ""),
         source=source,
         checkpoint_step=step,
         faster_margin=margin,
         overall=level_metrics(records, faster_margin=margin),
         levels={level: level_metrics(rs, faster_margin=margin) for level, rs in sorted(by_level.items())},
+        fake_env=env == "fake",
     )
 
 
@@ -193,6 +203,7 @@ def scalars(summary: Summary) -> dict[str, float]:
                 out[prefix + name] = float(value)
         out[prefix + "problems"] = float(m.problems)
         out[prefix + "errors"] = float(m.errors)
+        out[prefix + "inconclusive"] = float(m.inconclusive)
         for p in FAST_P_SHOWN:
             out[f"{prefix}fast_{p:g}_eager"] = m.fast_p.at(p, "eager")
             out[f"{prefix}fast_{p:g}_compile"] = m.fast_p.at(p, "compile")

@@ -1,7 +1,7 @@
 """The published KernelBench results of the CUDA Agent paper, to print beside ours.
 
-What it is: `PAPER_ROWS`, the rows of the paper's results table (arXiv 2602.24286, as copied
-into REFERENCE.md section 1): CUDA Agent overall and per level, Claude Opus 4.5, Gemini 3 Pro and
+What it is: `PAPER_ROWS`, the rows of the paper's results table (arXiv 2602.24286, its KernelBench
+results table): CUDA Agent overall and per level, Claude Opus 4.5, Gemini 3 Pro and
 the base model (overall only). Rates are fractions, speedups are geometric means over the correct
 solutions. What it is not: anything measured here; these numbers are the paper's, taken on its
 hardware (H20) with its evaluator (5 warm-ups, 10 profiled iterations, no L2 flush).

@@ -1,10 +1,10 @@
 """The KernelBench problems a benchmark run covers: `problems.jsonl` rows as `Problem` values.
 
 What it is: `load_problems(path, levels)` reads KernelBench's `problems.jsonl` (level,
-problem_id, name, code; see shared/kernelbench/README.md) and keeps the requested levels. Level 4
-is never run: its Models load HuggingFace hub weights, which our machines cannot fetch; asking
-for it yields a `skipped` entry with that message instead. `default_problems_path()` is
-$KERNELBENCH_PROBLEMS, else the shared checkout's copy.
+problem_id, name, code; see rl/data/kernelbench/README.md) and keeps the requested levels.
+Level 4 is never run: its Models load HuggingFace hub weights, which our machines cannot fetch;
+asking for it yields a `skipped` entry with that message instead. `default_problems_path()` is
+$KERNELBENCH_PROBLEMS, else the copy shipped with the package.
 What it is not: the training-task loaders (`rl.data.loaders`), or a runner.
 
 Example:
@@ -14,16 +14,14 @@ Example:
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import orjson
 from msgspec import Struct
 
 from agentcore.types import Task
+from rl.data.kernelbench import PROBLEMS, default_problems_path
 
-REPO = Path(__file__).resolve().parents[2]
-CANDIDATE_PATHS = (REPO / "shared/kernelbench/problems.jsonl", REPO.parent / "shared/kernelbench/problems.jsonl")
 RUNNABLE_LEVELS = (1, 2, 3)
 LEVEL4_MESSAGE = ("level 4 skipped: its Models load HuggingFace hub weights "
                   "(AutoModelForCausalLM.from_pretrained), which need network access")
@@ -54,25 +52,32 @@ class Selection(Struct, frozen=True, kw_only=True):
     skipped: tuple[tuple[Problem, str], ...] = ()
 
 
-def default_problems_path() -> Path:
-    """$KERNELBENCH_PROBLEMS, else shared/kernelbench/problems.jsonl inside or beside the repo."""
-    if env := os.environ.get("KERNELBENCH_PROBLEMS"):
-        return Path(env)
-    for path in CANDIDATE_PATHS:
-        if path.exists():
-            return path
-    return CANDIDATE_PATHS[-1]
+class ProblemsError(ValueError):
+    """A problems file that is missing or not KernelBench's layout; the message is one line."""
 
 
 def read_problems(path: str | Path) -> list[Problem]:
     """Every row of a problems.jsonl file, sorted by (level, problem_id)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"KernelBench problems not found: {path} (set $KERNELBENCH_PROBLEMS)")
-    rows = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
-    problems = [Problem(level=int(r["level"]), problem_id=int(r["problem_id"]), name=str(r["name"]),
-                        code=str(r["code"])) for r in rows]
+        raise ProblemsError(f"KernelBench problems not found: {path} (pass --problems FILE or set "
+                            "$KERNELBENCH_PROBLEMS; the package ships rl/data/kernelbench/problems.jsonl)")
+    problems = [_problem(path, n, line) for n, line in enumerate(path.read_bytes().splitlines(), 1)
+                if line.strip()]
+    if not problems:
+        raise ProblemsError(f"{path}: no problems in it")
     return sorted(problems, key=lambda p: (p.level, p.problem_id))
+
+
+def _problem(path: Path, n: int, line: bytes) -> Problem:
+    try:
+        r = orjson.loads(line)
+        return Problem(level=int(r["level"]), problem_id=int(r["problem_id"]), name=str(r["name"]),
+                       code=str(r["code"]))
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc).splitlines()[0]
+        raise ProblemsError(f"{path}:{n}: not a KernelBench problem row "
+                            f"(level, problem_id, name, code): {what}") from None
 
 
 def load_problems(path: str | Path, levels: tuple[int, ...] = RUNNABLE_LEVELS,
@@ -97,5 +102,5 @@ def parse_levels(text: str) -> tuple[int, ...]:
     return levels
 
 
-__all__ = ["LEVEL4_MESSAGE", "Problem", "Selection", "default_problems_path", "load_problems",
+__all__ = ["LEVEL4_MESSAGE", "PROBLEMS", "Problem", "ProblemsError", "Selection", "default_problems_path", "load_problems",
            "parse_levels", "read_problems"]

@@ -56,7 +56,7 @@ that imported `torch._inductor.compile_fx` left every forked job "Cannot re-init
 forked subprocess" (H200, torch 2.11)."""
 MAX_COMPILE_THREADS = 8
 """Inductor compile processes per job at most (the machine's cores shared among the lanes): the
-16 L3 problems left in session 7 took 13-54 s each with 8 on one H200, 20-150 s with 1 on four."""
+16 L3 problems of one recheck took 13-54 s each with 8 on one H200, 20-150 s with 1 on four."""
 AGREE_RATIO = 1.10
 """Two times agree when the larger is at most 10% above the smaller."""
 BASELINE_HANDLER = "rewards.timing.baselines:baseline"
@@ -214,9 +214,9 @@ async def default_queue_config(config: BenchConfig) -> GpuQueueConfig:
 
 
 def _job(problem: Problem, attempt: int):
-    from rewards.timing.baselines import BaselineRequest
     from rewards.env import EnvConfig
     from rewards.queue.jobs import Job, encode
+    from rewards.timing.baselines import BaselineRequest
 
     env = EnvConfig()
     c = env.profile  # the request the profile job builds: the run's baselines were timed with it
@@ -227,8 +227,8 @@ def _job(problem: Problem, attempt: int):
 
 
 async def _measure(queue: GpuQueue, problem: Problem, attempt: int) -> _Times:
-    from rewards.timing.baselines import Baselines
     from rewards.queue.jobs import JobStatus, decode
+    from rewards.timing.baselines import Baselines
 
     result = await queue.submit(_job(problem, attempt))
     if result.status is not JobStatus.OK:

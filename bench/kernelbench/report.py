@@ -8,6 +8,8 @@ table, infrastructure errors), `summary.json` (every number of the report, from
 `run_stats.jsonl` (how the runs used the machine: wall time, problems/hour, GPU-queue busy fraction
 per lane, jobs/s, restarts, queue depth; `bench.kernelbench.run_stats`) and
 `baseline_recheck.jsonl` (a second measurement of the baselines; `bench.kernelbench.recheck`).
+Records judged by the fake kernel environment (`--env fake`) are a plumbing check: the report
+says so at its top, and shows them with no rates, no times, no plots and nothing beside the paper.
 What it is not: the metrics (they are computed in `bench.kernelbench.metrics`, from the records
 alone) or the runner, which calls `write_report` at the end of a run.
 
@@ -40,10 +42,12 @@ def write_report(out_dir: str | Path, records: Sequence[ProblemRecord], *, faste
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = summarize(records, faster_margin=faster_margin)
+    real = [s for s in summaries if not s.fake_env]
     machine = summarize_run_stats(read_run_stats(out_dir / RUN_STATS_FILE))
     rechecked = read_recheck(out_dir / RECHECK_FILE)
     summary = {
         "records": len(records),
+        "plumbing_check_only": bool(summaries) and not real,
         "faster_margin": faster_margin,
         "paper_source": SOURCE,
         "paper": [msgspec.to_builtins(r) for r in PAPER_ROWS],
@@ -53,7 +57,7 @@ def write_report(out_dir: str | Path, records: Sequence[ProblemRecord], *, faste
                              "problems": [msgspec.to_builtins(r) for r in rechecked]} if rechecked else None,
     }
     (out_dir / SUMMARY_FILE).write_bytes(msgspec.json.format(msgspec.json.encode(summary), indent=1))
-    plots = draw_plots(out_dir, records, summaries)
+    plots = draw_plots(out_dir, [r for r in records if r.env != "fake"], real) if real or not summaries else []
     path = out_dir / REPORT_FILE
     text = markdown(records, summaries, [p.name for p in plots], faster_margin)
     path.write_text(text + machine_markdown(machine) + recheck_markdown(rechecked))
@@ -65,16 +69,24 @@ def write_report(out_dir: str | Path, records: Sequence[ProblemRecord], *, faste
 
 
 def markdown(records: Sequence[ProblemRecord], summaries: list[Summary], plots: list[str], margin: float) -> str:
+    real = [s for s in summaries if not s.fake_env]
+    plumbing_only = bool(summaries) and not real
     parts = [
-        "# KernelBench report\n",
+        "# KernelBench report: fake environment, a plumbing check\n" if plumbing_only else "# KernelBench report\n",
+        *([FAKE_ENV_NOTE] if len(real) < len(summaries) else []),
         (f"{len(records)} records in {len(summaries)} group(s). Every number is recomputed from the "
          "per-problem records (`records.jsonl`) by `bench.kernelbench.metrics`.\n"),
         _definitions(margin),
-        "## Results beside the paper\n",
-        results_table(summaries),
-        f"Paper rows: {SOURCE}; measured on the paper's hardware and evaluator, not ours.\n",
-        "## fast_p (share of problems correct with speedup > p)\n",
-        _fast_p_table(summaries),
+    ]
+    if not plumbing_only:
+        parts += [
+            "## Results beside the paper\n",
+            results_table(real),
+            f"Paper rows: {SOURCE}; measured on the paper's hardware and evaluator, not ours.\n",
+            "## fast_p (share of problems correct with speedup > p)\n",
+            _fast_p_table(real),            _inconclusive_line(real),
+        ]
+    parts += [
         "## Outcomes\n",
         _outcome_table(summaries),
         "## Hacks detected, by category\n",
@@ -92,6 +104,24 @@ def markdown(records: Sequence[ProblemRecord], summaries: list[Summary], plots: 
         parts.append("## Infrastructure errors and skipped problems (excluded from the rates)\n")
         parts.append(_error_table(errors))
     return "\n".join(parts)
+
+
+FAKE_ENV_NOTE = (
+    "> **Fake environment: a plumbing check, not a result.** Groups marked [fake env] were judged by "
+    "the fake kernel environment (`--env fake`), which compiles and runs nothing: it accepts any "
+    "workspace with a `kernels/*.cu` and a `ModelNew`, and reports made-up times. They show that "
+    "problems went through rollout, scoring and recording; they have no pass rates, times or "
+    "plots, and nothing of them is set beside the paper. For results run `cuda-agent bench "
+    "--env real` on a GPU machine.\n"
+)
+
+
+def _inconclusive_line(summaries: list[Summary]) -> str:
+    """How many correct problems kept a lower milestone because a paired timing interval
+    straddled its threshold (rewards.reward.score_paired)."""
+    counts = ", ".join(f"{s.label}: {s.overall.inconclusive}" for s in summaries)
+    return (f"Inconclusive timings (correct, but a paired speedup interval straddled a milestone "
+            f"threshold, so that milestone was not granted): {counts or 'none'}.\n")
 
 
 def _definitions(margin: float) -> str:
@@ -175,11 +205,13 @@ def _problem_table(records: Sequence[ProblemRecord], with_source: bool) -> str:
     head = "| level | problem | outcome | correct | verdict | hack | eager ms | compile ms | ours ms | vs eager | vs compile | turns |"
     lines = [("| source " if with_source else "") + head, ("|---" if with_source else "") + "|---" * 12 + "|"]
     for r in sorted(records, key=lambda r: (r.checkpoint_step or 0, r.source, r.level, r.problem_id)):
+        times = [ms(r.eager_ms), ms(r.compile_ms), ms(r.candidate_ms), speed(r.speedup_vs_eager),
+                 speed(r.speedup_vs_compile)] if r.env != "fake" else ["-"] * 5  # the fake env's are made up
         cells = [str(r.level), r.name, r.outcome, "yes" if r.correct and r.hack is None else "no",
-                 r.status or "-", r.hack or "-", ms(r.eager_ms), ms(r.compile_ms), ms(r.candidate_ms),
-                 speed(r.speedup_vs_eager), speed(r.speedup_vs_compile), str(r.turns)]
+                 r.status or "-", r.hack or "-", *times, str(r.turns)]
         if with_source:
-            cells.insert(0, r.source if r.checkpoint_step is None else f"{r.source} @ {r.checkpoint_step}")
+            label = r.source if r.checkpoint_step is None else f"{r.source} @ {r.checkpoint_step}"
+            cells.insert(0, label + (" [fake env]" if r.env == "fake" else ""))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -271,16 +303,16 @@ def num(x: float | None, fmt: str) -> str:
 
 
 def draw_plots(out_dir: Path, records: Sequence[ProblemRecord], summaries: list[Summary]) -> list[Path]:
-    """The three PNGs; each is written even with no data (an empty axes says so)."""
+    """The three PNGs; each is written even with no data (an empty axes says so). The constrained
+    layout keeps titles, axis labels and a legend outside the axes inside the canvas."""
     from matplotlib.figure import Figure  # Agg canvas on save, no pyplot state
 
     written = []
     for name, draw in zip(PLOTS, (_speedups, _fast_p, _levels)):
-        fig = Figure(figsize=(7, 4))
+        fig = Figure(figsize=(7, 4), layout="constrained")
         ax = fig.add_subplot(1, 1, 1)
         draw(ax, records, summaries)
         ax.grid(alpha=0.3)
-        fig.subplots_adjust(left=0.1, right=0.97, bottom=0.13, top=0.9)
         path = out_dir / name
         fig.savefig(path, dpi=100)
         written.append(path)
@@ -303,8 +335,9 @@ def _speedups(ax, records: Sequence[ProblemRecord], summaries: list[Summary]) ->
     for label, vs in series.items():
         if vs:
             ax.hist(vs, bins=bins, alpha=0.55, label=f"{label} (n={len(vs)})")
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts of problems
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(LogLocator(base=2))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}x"))
@@ -322,16 +355,17 @@ def _fast_p(ax, records: Sequence[ProblemRecord], summaries: list[Summary]) -> N
         ax.plot(fp.p, fp.vs_eager, label=f"{s.label} vs eager")
         ax.plot(fp.p, fp.vs_compile, ls="--", label=f"{s.label} vs compile")
     ax.axvline(1.0, color="k", lw=1)
-    ax.set_xlabel("p")
-    ax.set_ylabel("fast_p")
-    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("p (speedup threshold)")
+    ax.set_ylabel("fast_p (share of problems)")
+    ax.set_ylim(0, 1)
     if summaries:
         ax.legend(fontsize="x-small")
 
 
 def _levels(ax, records: Sequence[ProblemRecord], summaries: list[Summary]) -> None:
-    """Our per-level rates (last group) as bars; the paper's CUDA Agent per level as markers."""
-    ax.set_title("Per level: ours (bars) vs CUDA Agent paper (markers)")
+    """Our per-level rates (last group) as bars; the paper's CUDA Agent per level as black marks,
+    named in the legend (below the axes, so it hides no bar)."""
+    ax.set_title("Per level: ours (bars) and the CUDA Agent paper (black marks)")
     names = ("pass_rate", "faster_than_eager_rate", "faster_than_compile_rate")
     paper = {row.level: row for row in PAPER_ROWS if row.model == "CUDA Agent" and row.level}
     levels = sorted(summaries[-1].levels) if summaries else sorted(paper)
@@ -340,12 +374,13 @@ def _levels(ax, records: Sequence[ProblemRecord], summaries: list[Summary]) -> N
         xs = [k + (i - 1) * width for k in levels]
         if summaries:
             ours = [getattr(summaries[-1].levels[k], name) or 0.0 for k in levels]
-            ax.bar(xs, ours, width=width, label=name.removesuffix("_rate").replace("_", " "))
+            ax.bar(xs, ours, width=width, label=f"{name.removesuffix('_rate').replace('_', ' ')} (ours)")
         marks = [(x, getattr(paper[k], name)) for x, k in zip(xs, levels) if k in paper]
-        if marks:
-            ax.plot(*zip(*marks), "k_", ms=14, mew=2)
+        if marks:  # clip_on=False: a mark at 1.0 sits on the top edge, whole
+            ax.plot(*zip(*marks), "k_", ms=14, mew=2.5, ls="none", clip_on=False,
+                    label="CUDA Agent (paper), each rate" if i == 0 else None)
     ax.set_xticks(levels, [f"L{k}" for k in levels])
-    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("KernelBench level")
+    ax.set_ylim(0, 1)
     ax.set_ylabel("share of problems")
-    if summaries:
-        ax.legend(fontsize="small", loc="lower left")
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)

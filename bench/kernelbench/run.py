@@ -13,7 +13,10 @@ problem in `OUT/records.jsonl`.
 
 What it is: the runner behind `cuda-agent bench` and the checkpoint watcher. Resumable: a rerun
 with the same `out_dir` (and `checkpoint_step`) skips problems that have a record, rebuilds the
-records of trajectories that were stored before a kill, and redoes only the rest. Sampling is
+records of trajectories that were stored before a kill, and redoes only the rest, problems whose
+record is an infrastructure error included (their trajectories go to trajectories.redone.jsonl).
+An environment error (`rewards.build.toolchain.MachineError`: the machine, not the candidate, e.g.
+a torch build without CUDA headers) stops the run and records nothing for its problem. Sampling is
 fixed (BenchConfig); each trajectory's seed is derived from (seed, level, problem, sample) and
 recorded. Each run (and each resume) appends how it used the machine to `OUT/run_stats.jsonl`
 (`bench.kernelbench.run_stats`). What it is not: the config (`.config`, re-exported here), the
@@ -49,7 +52,16 @@ from agentcore.session import WorkspaceTools
 from agentcore.store import TrajectoryStore
 from agentcore.tiny_tokenizer import build_tiny_tokenizer, load_tokenizer
 from agentcore.toolparse import tool_schemas
-from agentcore.types import Status, Trajectory, TrajectoryGroup
+from agentcore.types import (
+    INFRA_FAILURES,
+    CompileResult,
+    ProfileResult,
+    Status,
+    Task,
+    Trajectory,
+    TrajectoryGroup,
+    VerifyResult,
+)
 from bench.kernelbench.candidates import BestCandidateScorer, CandidateTools, EnvEvaluator, Evaluator
 from bench.kernelbench.config import BenchConfig, group_id, seed_of, source_label
 from bench.kernelbench.problems import Problem, default_problems_path, load_problems
@@ -57,6 +69,8 @@ from bench.kernelbench.replay import Solution, find_solutions, group_of, replay_
 from bench.kernelbench.run_stats import RUN_STATS_FILE, DepthSampler, write_run_stats
 from bench.kernelbench.wrappers import write_wrappers
 from bench.system.records import ProblemRecord, append_record, read_records
+from rewards.build.toolchain import MachineError
+from rewards.verdict import Score
 
 log = logging.getLogger("cuda-agent.bench")
 
@@ -88,7 +102,8 @@ def record_of(problem: Problem, trajs: list[Trajectory], config: BenchConfig, so
     common = dict(level=problem.level, problem_id=problem.problem_id, name=problem.name, source=source,
                   trajectory_id=best.trajectory_id, seed=seed_of(config, problem, best.sample_index),
                   turns=len(best.turns), candidates=int(info.get("candidates") or 0),
-                  checkpoint_step=config.checkpoint_step, wall_s=best.timings.total_s)
+                  checkpoint_step=config.checkpoint_step, wall_s=best.timings.total_s, env=config.env,
+                  rules=config.rules)
     if best.status in INFRA_STATUSES:
         return ProblemRecord(**common, outcome="error", error=f"{best.status.value}: {best.error or ''}"[:2000])
     if info.get("outcome") != "scored":
@@ -99,12 +114,14 @@ def record_of(problem: Problem, trajs: list[Trajectory], config: BenchConfig, so
         hack=info.get("hack"), message=str(info.get("message") or "")[:500], eager_ms=num("eager_ms"),
         compile_ms=num("compile_ms"), candidate_ms=num("candidate_ms"), speedup_vs_eager=num("speedup_vs_eager"),
         speedup_vs_compile=num("speedup_vs_compile"), reward=num("reward"),
+        inconclusive=bool(info.get("inconclusive")), partial=str(info.get("partial") or ""),
     )
 
 
 def _bare_record(problem: Problem, config: BenchConfig, source: str, outcome: str, message: str) -> ProblemRecord:
     return ProblemRecord(level=problem.level, problem_id=problem.problem_id, name=problem.name, source=source,
-                         outcome=outcome, message=message, checkpoint_step=config.checkpoint_step)
+                         outcome=outcome, message=message, checkpoint_step=config.checkpoint_step, env=config.env,
+                         rules=config.rules)
 
 
 class _Plan(Struct, kw_only=True):
@@ -117,9 +134,10 @@ class _Plan(Struct, kw_only=True):
 
 
 def plan(config: BenchConfig, out: Path) -> _Plan:
-    """Select problems, drop those already recorded, match replay solutions (see module doc)."""
+    """Select problems, drop those already recorded (but not an infrastructure error), match replay
+    solutions (see module doc)."""
     selection = load_problems(config.problems_path or default_problems_path(), config.levels, config.problem_ids)
-    done = {r.key for r in read_records(out / "records.jsonl")}
+    done = {r.key for r in read_records(out / "records.jsonl") if r.outcome != "error"}
     fresh = lambda p: (p.level, p.problem_id, config.checkpoint_step) not in done
     source = source_label(config)
     direct = [_bare_record(p, config, source, "skipped", why) for p, why in selection.skipped if fresh(p)]
@@ -153,6 +171,18 @@ def _cut_torn_tail(path: Path) -> None:
     if path.exists() and (data := path.read_bytes()) and not data.endswith(b"\n"):
         with path.open("r+b") as f:
             f.truncate(data.rfind(b"\n") + 1)
+
+
+def _check_env(config: BenchConfig, out: Path) -> None:
+    """Refuse to mix kernel environments in one out_dir: fake records would pass for results."""
+    for path in sorted(out.glob("config*.json")):
+        try:
+            env = orjson.loads(path.read_bytes()).get("env", "real")
+        except (orjson.JSONDecodeError, AttributeError):
+            continue
+        if env != config.env:
+            raise ValueError(f"{out} holds a run with --env {env} ({path.name}); write this --env {config.env} "
+                             "run to another --out")
 
 
 def _save_config(config: BenchConfig, out: Path) -> None:
@@ -200,13 +230,13 @@ async def _open_env(config: BenchConfig, stack: AsyncExitStack) -> tuple[KernelE
     from rewards.env import EnvConfig, open_kernel_env
     from rewards.evaluate import FinalEvaluator
 
-    env = await stack.enter_async_context(open_kernel_env(EnvConfig(gpus=config.gpus)))
+    env = await stack.enter_async_context(open_kernel_env(EnvConfig(gpus=config.gpus, rules=config.rules)))
     return env, FinalEvaluator(env)
 
 
 def _orchestrator_config(config: BenchConfig) -> OrchestratorConfig:
     gpu_slots = len(config.gpus) or 8  # the GPU queue has one lane per GPU; more slots just wait there
-    return OrchestratorConfig(workers=config.concurrency, model_slots=config.concurrency,
+    return OrchestratorConfig(workers=config.workers, model_slots=config.workers,
                               compile_slots=config.compile_slots, gpu_slots=gpu_slots)
 
 
@@ -249,6 +279,7 @@ async def run_benchmark(config: BenchConfig, *, kernel_env: KernelEnv | None = N
     `kernel_env` and `evaluator` replace the configured environment (tests fake the GPU edge)."""
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    _check_env(config, out)
     _save_config(config, out)
     _cut_torn_tail(out / "records.jsonl")
     work = plan(config, out)
@@ -273,13 +304,16 @@ async def _roll_out(config: BenchConfig, out: Path, work: _Plan, kernel_env: Ker
     workspaces = Path(tempfile.mkdtemp(prefix="cuda-agent-ws-")) if not config.keep_workspaces else out / "workspaces"
     workspaces.mkdir(parents=True, exist_ok=True)
     workspaces.chmod(0o711)  # the sandbox's unprivileged uid must traverse it
+    watch = MachineWatch()
     try:
         async with AsyncExitStack() as stack:  # env, engine, store: opened first, closed last
             if kernel_env is None:
                 kernel_env, default_evaluator = await _open_env(config, stack)
                 evaluator = evaluator or default_evaluator
+            queue = getattr(kernel_env, "queue", None)  # rewards.env.RewardsKernelEnv's GpuQueue (None: fake env)
+            kernel_env, evaluator = watch.wrap(kernel_env), watch.wrap(evaluator or EnvEvaluator(kernel_env))
             engine, background = await _open_engine(config, renderer, work, stack)
-            store = await stack.enter_async_context(TrajectoryStore(out / "trajectories.jsonl"))
+            store = await stack.enter_async_context(TrajectoryStore(out / "trajectories.jsonl", redo=INFRA_FAILURES))
             recorder.recover(store.existing())
             items = [WorkItem(task=p.task, group_id=g, samples=config.samples)
                      for g, p in problems.items() if g not in recorder.written]
@@ -291,11 +325,10 @@ async def _roll_out(config: BenchConfig, out: Path, work: _Plan, kernel_env: Ker
                                    config=_rollout_config(config))
             orch = Orchestrator(runner=runner, tools=tools, config=_orchestrator_config(config),
                                 resources=resources, store=store,
-                                scorer=BestCandidateScorer(evaluator or EnvEvaluator(kernel_env), tools))
-            queue = getattr(kernel_env, "queue", None)  # rewards.env.RewardsKernelEnv's GpuQueue (None: fake env)
+                                scorer=BestCandidateScorer(evaluator, tools))
             depth = DepthSampler(queue) if queue is not None else None
             started = time.monotonic()
-            await _drive(orch, items, recorder, [*background, *([depth.run] if depth else [])], config)
+            await _drive(orch, items, recorder, [*background, *([depth.run] if depth else [])], config, watch)
             write_run_stats(out / RUN_STATS_FILE, wall_s=time.monotonic() - started, problems=len(recorder.written),
                             checkpoint_step=config.checkpoint_step, orchestrator=orch, queue=queue, depth=depth)
     finally:
@@ -304,19 +337,77 @@ async def _roll_out(config: BenchConfig, out: Path, work: _Plan, kernel_env: Ker
 
 
 async def _drive(orch: Orchestrator, items: list[WorkItem], recorder: _Recorder, background: list,
-                 config: BenchConfig) -> None:
-    """Run the orchestrator to the end, recording each finished group."""
+                 config: BenchConfig, watch: MachineWatch) -> None:
+    """Run the orchestrator to the end, recording each finished group; the first environment
+    error stops it and is raised, with no record for the problems it failed."""
     send, recv = anyio.create_memory_object_stream[TrajectoryGroup](16)
     async with anyio.create_task_group() as tg:
         for task in background:
             tg.start_soon(task)
         if config.progress:
             tg.start_soon(show_progress, orch.statistics, len(items) * config.samples)
+        tg.start_soon(watch.cancel_on_error, tg.cancel_scope)
         tg.start_soon(orch.run, items, send)
         async with recv:
             async for group in recv:
-                recorder.group(group.group_id, group.trajectories)
+                if watch.error is None or not all(t.status in INFRA_STATUSES for t in group.trajectories):
+                    recorder.group(group.group_id, group.trajectories)
         tg.cancel_scope.cancel()  # the run is over: stop the progress line, the prober, the sampler
+    if watch.error is not None:
+        raise watch.error
 
 
-__all__ = ["BenchConfig", "SeededEngine", "group_id", "plan", "record_of", "run_benchmark", "seed_of", "source_label"]
+class MachineWatch:
+    """Notes the first MachineError that the kernel env or the evaluator raises (the orchestrator
+    turns it into a FAILED trajectory) and cancels the run on it.
+
+    Example:
+        watch = MachineWatch()
+        env, evaluator = watch.wrap(env), watch.wrap(evaluator)
+        tg.start_soon(watch.cancel_on_error, tg.cancel_scope)
+    """
+
+    def __init__(self) -> None:
+        self.error: MachineError | None = None
+        self._raised = anyio.Event()
+
+    def wrap(self, inner: KernelEnv | Evaluator) -> _Watched:
+        return _Watched(inner, self)
+
+    async def cancel_on_error(self, scope: anyio.CancelScope) -> None:
+        await self._raised.wait()
+        scope.cancel()
+
+    def note(self, exc: MachineError) -> None:
+        if self.error is None:
+            self.error = exc
+            self._raised.set()
+
+
+class _Watched:
+    """A KernelEnv or Evaluator whose MachineError reaches its watch on the way out."""
+
+    def __init__(self, inner: KernelEnv | Evaluator, watch: MachineWatch) -> None:
+        self.inner, self.watch = inner, watch
+
+    async def _call(self, name: str, workspace: Path, task: Task):
+        try:
+            return await getattr(self.inner, name)(workspace, task)
+        except MachineError as exc:
+            self.watch.note(exc)
+            raise
+
+    async def compile(self, workspace: Path, task: Task) -> CompileResult:
+        return await self._call("compile", workspace, task)
+
+    async def verify(self, workspace: Path, task: Task) -> VerifyResult:
+        return await self._call("verify", workspace, task)
+
+    async def profile(self, workspace: Path, task: Task) -> ProfileResult:
+        return await self._call("profile", workspace, task)
+
+    async def evaluate(self, workspace: Path, task: Task) -> Score:
+        return await self._call("evaluate", workspace, task)
+
+
+__all__ = ["BenchConfig", "MachineWatch", "SeededEngine", "group_id", "plan", "record_of", "run_benchmark", "seed_of", "source_label"]

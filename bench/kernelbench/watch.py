@@ -10,11 +10,8 @@ spare GPUs; records of every checkpoint in `RUN/bench/kernelbench/records.jsonl`
 rewrites `RUN/bench/kernelbench/report.md` (a row per checkpoint), then appends the checkpoint's
 summary to `RUN/bench/metrics.jsonl` and TensorBoard scalars under `bench/` to `RUN/tb/bench` (its
 own event directory beside the trainer's, so `tensorboard --logdir RUN/tb` shows both).
-Resumable: a step already in `RUN/bench/metrics.jsonl` is skipped; failures go to
-`RUN/bench/failures.jsonl` and a step is retried until it has failed `max_attempts` times.
-Steps are taken oldest first; a checkpoint the trainer prunes (`checkpoint.keep`) before the
-watcher reaches it is reported as a failure.
-What it is not: the benchmark (`bench.kernelbench.run`) or the trainer; it never blocks either.
+Resumable (at `watch`). What it is not: the benchmark (`bench.kernelbench.run`) or the trainer;
+it never blocks either.
 
     cuda-agent bench --watch runs/r1 --gpus 6,7 [--poll-s 60] [--once] [--set max_turns=50]
 
@@ -30,9 +27,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import shutil
-import signal
 import sys
 import time
 import traceback
@@ -44,6 +39,7 @@ import anyio
 import msgspec
 import orjson
 
+from agentcore.signals import stop_on_signal
 from bench.kernelbench.metrics import scalars, summarize
 from bench.system.records import ProblemRecord
 
@@ -54,7 +50,6 @@ OUT_SUBDIR = "bench/kernelbench"  # the runner's out_dir, shared by the checkpoi
 METRICS_FILE = "metrics.jsonl"
 FAILURES_FILE = "failures.jsonl"
 TB_SUBDIR = "tb/bench"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 _ROOT = Path(__file__).resolve().parents[2]  # the repository: the export child imports from it
 
 RunBenchmark = Callable[[Any], Awaitable[list[ProblemRecord]]]
@@ -67,20 +62,10 @@ RunBenchmark = Callable[[Any], Awaitable[list[ProblemRecord]]]
 def committed_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     """(step, dir) of the complete checkpoints up to the one `latest` names, oldest first
     (all complete ones when the pointer is missing or names nothing complete)."""
-    root = run_dir / "ckpt"
-    if not root.is_dir():
-        return []
-    found = []
-    for path in root.iterdir():
-        match = _STEP_DIR.match(path.name)
-        if match and (path / "meta.json").is_file():
-            found.append((int(match.group(1)), path))
-    found.sort()
-    pointer = root / "latest"
-    named = _STEP_DIR.match(pointer.read_text().strip()) if pointer.is_file() else None
-    if named and (root / named.group(0) / "meta.json").is_file():
-        found = [(s, p) for s, p in found if s <= int(named.group(1))]
-    return found
+    # Imported here: it imports torch, which the export child must not pay before its file checks.
+    from rl.learner.checkpoint_files import committed_steps
+
+    return committed_steps(run_dir / "ckpt")
 
 
 def _lines(path: Path) -> list[dict]:
@@ -145,8 +130,8 @@ def export_checkpoint(run_dir: Path, ckpt: Path, out: Path, dtype: str = "bfloat
     (any world size: DCP reshards), write the HF directory with the run's tokenizer."""
     import torch
 
-    from rl.learner import checkpoint
     from rl.config import load_config
+    from rl.learner import checkpoint
     from rl.learner.models import build_actor
 
     cfg = load_config(run_dir)
@@ -212,8 +197,12 @@ async def watch(
     """Benchmark every committed checkpoint of `run_dir` not benchmarked yet; with `once`,
     return after one pass, else poll every `poll_s` until cancelled. `config` is the runner's
     BenchConfig; engine (local), model_path, checkpoint_step and out_dir (RUN/bench/kernelbench)
-    are set per checkpoint.
-    Returns the metrics lines written by this call."""
+    are set per checkpoint. Returns the metrics lines written by this call.
+
+    Resumable: a step already in `RUN/bench/metrics.jsonl` is skipped; failures go to
+    `RUN/bench/failures.jsonl` and a step is retried until it has failed `max_attempts` times.
+    Steps are taken oldest first; a checkpoint the trainer prunes (`checkpoint.keep`) before the
+    watcher reaches it is reported as a failure."""
     run_dir = Path(run_dir)
     if run_benchmark is None:
         from bench.kernelbench.run import run_benchmark
@@ -344,12 +333,18 @@ def main_watch(argv: list[str]) -> int:
     if args.once and not args.watch.is_dir():
         print(f"cuda-agent bench --watch: no run directory at {args.watch}", file=sys.stderr)
         return 2
+    from bench.kernelbench.cli import machine_problem
+
+    if config.env == "real" and (problem := machine_problem(config.gpus)):
+        print(f"cuda-agent bench --watch: this machine cannot benchmark checkpoints: {problem}", file=sys.stderr)
+        return 2
 
     rows: list[dict] = []
 
     async def go() -> None:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_stop_on_signal, tg.cancel_scope)
+            # SIGINT/SIGTERM cancel the watch: the export child's process group is killed on the way out.
+            tg.start_soon(stop_on_signal, tg.cancel_scope, "cuda-agent bench --watch")
             await wait_for_run_dir(args.watch, args.poll_s)
             rows.extend(await watch(args.watch, config, poll_s=args.poll_s, once=args.once,
                                     max_attempts=args.max_attempts, keep_exports=args.keep_exports))
@@ -360,15 +355,6 @@ def main_watch(argv: list[str]) -> int:
     print(f"cuda-agent bench --watch: {len(done)} checkpoint(s) benchmarked in {args.watch / 'bench'}"
           f"{f' (steps {done})' if done else ''}")
     return 0
-
-
-async def _stop_on_signal(scope: anyio.CancelScope) -> None:
-    """SIGINT/SIGTERM cancel the watch: the export child's process group is killed on the way out."""
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for signum in signals:
-            print(f"cuda-agent bench --watch: {signal.Signals(signum).name}, stopping", file=sys.stderr)
-            scope.cancel()
-            return
 
 
 def _export_main(argv: list[str]) -> int:

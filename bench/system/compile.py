@@ -36,8 +36,8 @@ from pathlib import Path
 import anyio
 import msgspec
 
-from rewards.build.plan import Unit
 from rewards.build.compile_pool import CompileConfig, CompilePool
+from rewards.build.plan import Unit
 from rewards.build.subprocesses import run_process
 from rewards.build.toolchain import Toolchain
 

@@ -5,7 +5,7 @@ What it is: `python -m bench.system.gpu_queue` starts a `GpuQueue`, keeps it sat
 jobs of one kind (default: a CPU `sleep` of 50 ms), then measures a null job's round trip and
 the time to replace a crashed worker. What it is not: a benchmark of the handlers themselves.
 `--real-jobs` hands over to `bench.system.gpu_queue_real`: real verify and profile jobs over demos of
-`rl/demos/` built through the compile pool (issue 3's per-job time and busy-fraction targets).
+`rl/demos/` built through the compile pool, against per-job time and busy-fraction targets.
 
 How it is used, on a CPU machine and later on GPUs with the real handlers:
 

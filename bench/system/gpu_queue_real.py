@@ -1,4 +1,4 @@
-"""Benchmark of the GPU job queue with real verify and profile jobs (issue 3: each job under 3 s,
+"""Benchmark of the GPU job queue with real verify and profile jobs (targets: each job under 3 s,
 busy fraction at least 90% under saturation), printed as one JSON object.
 
 What it is: `python -m bench.system.gpu_queue --real-jobs --demo NAME` (`bench.system.gpu_queue` parses the
@@ -40,27 +40,27 @@ import msgspec
 from msgspec import Struct
 
 from agentcore.types import Task
-from rewards.timing.baselines import Baselines
 from rewards.build.compile_pool import CompileConfig, CompilePool
 from rewards.env import EnvConfig, RewardsKernelEnv, pristine_files, queue_config
 from rewards.queue.gpu_queue import GpuQueue, GpuQueueConfig, count_gpus
 from rewards.queue.jobs import Job, JobResult, QueueStatistics
+from rewards.timing.baselines import Baselines
 from rewards.timing.profile import (
     Profile,
     ProfileConfig,
     ProfileInfrastructureError,
     profile_workspace,
 )
-from rewards.verify.verifier import VerifyConfig, VerifyInfrastructureError, verify_workspace
 from rewards.verify.phases import top_level_ms
+from rewards.verify.verifier import VerifyConfig, VerifyInfrastructureError, verify_workspace
 from rl.demonstrations import DemoTask, demo_tasks
 
 # A level-1 problem of small tensors (4096^2 fp32 GEMM): the 6-7 GiB elementwise demos take a
-# minute per verify (NOTES.md, issue 3) and measure the verifier, not the queue.
+# minute per verify (NOTES.md) and measure the verifier, not the queue.
 DEFAULT_DEMOS = ("l1_1_matmul_cublas",)
 KINDS = ("verify", "profile")
-TARGET_JOB_S = 3.0  # issue 3: each job under 3 s
-TARGET_BUSY_FRACTION = 0.9  # issue 3: busy fraction under saturation at least 90%
+TARGET_JOB_S = 3.0  # each job under 3 s
+TARGET_BUSY_FRACTION = 0.9  # busy fraction under saturation at least 90%
 
 
 class NeedsGpu(RuntimeError):

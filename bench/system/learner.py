@@ -11,22 +11,10 @@ between `torch.cuda.synchronize()` calls.
 
 What it is not: a rollout or weight-sync benchmark, or a test (nothing is asserted).
 
-FLOPs accounting (MFU, not HFU: activation and LM-head recomputation are not counted).
-For a packed row of documents with lengths L_d, T = sum L_d tokens, l layers, q = heads x head_dim:
-  dense   2 N T per forward, 6 N T per forward + backward, where N counts the matmul weights a
-          token goes through (decoder layers, plus the LM head for the actor, plus the value head
-          for the critic; embedding lookups are free) - `rl.learner.models.flops_per_token(cfg, 0) / 6`.
-  attention  QK^T and AV are 4 q L^2 per layer forward for a full L x L score matrix; the causal
-          mask halves it to 2 q L^2, so forward + backward is 6 l q sum_d L_d^2 (per token:
-          12 l q L / 2, the "12 L H S" term halved for causality; document masking means each
-          document attends only to itself, hence the sum over documents, not T^2).
-  update  actor 6 N_a T + 6 l q sum L^2; critic 6 N_c T + 6 l q sum L^2; plus the critic's
-          no-grad value pass 2 N_c T + 2 l q sum L^2 (it is a real forward of the algorithm).
-  LM head by default the actor's head runs only at action positions (about half the tokens), and
-          its vocab x hidden part of N_a counts for those only; `--full-head` runs (and counts)
-          it over every token, for comparison.
-MFU = model FLOPs of all ranks / (step time x peak bf16 dense FLOP/s per GPU x GPUs); peak 989
-TFLOP/s on H100 SXM and H200 (detected from the device name; `--peak-tflops` overrides).
+MFU: the FLOPs accounting of `rl.learner.perf` (model FLOPs, not HFU: recomputation is not
+counted), over the peak bf16 dense FLOP/s per GPU (989 TFLOP/s on H100 SXM and H200, detected
+from the device name; `--peak-tflops` overrides). `--full-head` runs (and counts) the actor's LM
+head over every token instead of the action positions only.
 
     python -m bench.system.learner --sizes 0.5b,1.5b --tokens 8192,16384,32768 --steps 5 --out learner.json
     torchrun --nproc-per-node 4 -m bench.system.learner --sizes 1.5b --tokens 16384
@@ -68,8 +56,8 @@ from rl.learner.models import (
     qwen2_config,
     tiny_qwen2_config,
 )
-from rl.samples import Sample
 from rl.learner.update import PPOConfig, ppo_step
+from rl.samples import Sample
 
 TINY_VOCAB = 4096
 
@@ -117,7 +105,7 @@ def synthetic_batch(
 ) -> list[Sample]:
     """Documents filling `micro_batches` rows of exactly `tokens` tokens each (the last document
     of a row takes the remainder); `rl.learner.packing.pack` gives back full rows (first-fit decreasing
-    alone needed a third row for 3 of 5 such batches: session 8's profile)."""
+    alone needed a third row for 3 of 5 such batches)."""
     samples = []
     lo, hi = doc_range[0], min(doc_range[1], tokens)
     for row in range(micro_batches):

@@ -21,8 +21,8 @@ import torch
 from msgspec import Struct
 
 from rl.learner.models import ModelConfig, build_actor, build_critic, tiny_qwen2_config
-from rl.samples import Sample
 from rl.learner.update import PPOConfig, ppo_step
+from rl.samples import Sample
 
 VOCAB = 16
 PROMPT = 1  # the fixed prompt token

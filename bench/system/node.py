@@ -1,4 +1,4 @@
-"""One training run on a GPU node with the figures issue 7 asks for: `python -m bench.system.node`.
+"""One training run on a GPU node, with its figures: `python -m bench.system.node`.
 
 What it is: a driver that starts `cuda-agent train --recipe R --run-dir RUN` (the node layout:
 learner + engines on `layout.learner_gpus`, verification exclusive on `layout.verify_gpus`), the
@@ -57,7 +57,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def train_argv(args: argparse.Namespace) -> list[str]:
     sets = [x for item in args.set for x in ("--set", item)]
-    return [sys.executable, "-m", "agentcore.cli", "train", "--recipe", args.recipe, "--run-dir", str(args.run_dir), *sets]
+    return [sys.executable, "-m", "agentcore.cli", "train", "--recipe", args.recipe, "--out", str(args.run_dir),
+            "--force", *sets]  # --force: this driver writes its own logs into the run directory first
 
 
 def watch_argv(args: argparse.Namespace) -> list[str]:

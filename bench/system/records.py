@@ -39,7 +39,8 @@ class ProblemRecord(Struct, frozen=True, kw_only=True):
     outcome: Outcome
     """scored: a candidate went through the final evaluation; no_candidate: the trajectory never
     produced one (counted as not correct); error: infrastructure failure, message in `error`
-    (not counted in any rate, reported separately); skipped: not run (message says why)."""
+    (not counted in any rate, reported separately, run again by a resumed run); skipped: not run
+    (message says why)."""
     correct: bool = False
     status: str = ""
     """rewards.verdict.VerdictStatus value of the final evaluation ('' when not scored)."""
@@ -60,6 +61,16 @@ class ProblemRecord(Struct, frozen=True, kw_only=True):
     checkpoint_step: int | None = None
     wall_s: float = 0.0
     error: str | None = None
+    env: Literal["real", "fake"] = "real"
+    """The kernel environment that judged it; `fake` (CPU plumbing check) judges nothing real."""
+    inconclusive: bool = False
+    """Paired timing withheld a milestone: a speedup's interval straddled its threshold
+    (reward_info["inconclusive"], rewards.reward.score_paired)."""
+    rules: Literal["paper", "kernelbench"] = "paper"
+    """The rule set that judged it (rewards.verdict.Rules)."""
+    partial: str = ""
+    """Under kernelbench rules, what torch did of the work of the evaluated candidate (the
+    verdict's `partial_work`; '' when nothing): correct with this set is "partial", not a hack."""
 
     @property
     def key(self) -> tuple[int, int, int | None]:

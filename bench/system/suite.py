@@ -12,7 +12,7 @@ from saved files only (envelopes, or a module's raw `--out` JSON named `<name>.j
 The parts: `bench.system.run` (the table of benchmarks, one subprocess run, save/load),
 `bench.system.machine` (the machine record), `bench.system.report` (figures and Markdown); this
 module is the command line and `run_all`, and re-exports the parts' public names.
-What it is not: a benchmark itself, nor a test (nothing is asserted, STYLE.md).
+What it is not: a benchmark itself, nor a test (nothing is asserted).
 
     python -m bench.system.suite --quick --out runs/system              # everything, small configs
     python -m bench.system.suite --only orchestrator,gpu_queue --out /tmp/sys

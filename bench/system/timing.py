@@ -11,19 +11,25 @@ What it is: `python -m bench.system.timing` (on a GPU machine) spawns `--runs` f
     relu_256k    torch.relu over 256K fp32: ~3 us, CUDA-graph mode (vs do_bench_cudagraph)
 
 Then it times the eager and torch.compile baselines of a few KernelBench problems twice,
-each in its own process (`--child baselines`, no cache); with `--cpu-load N` the same number of
-processes again while N busy-looping processes hold the CPUs (a compile pool at work beside the
-GPU queue), reported as loaded / quiet per problem; `--pin-cores K` adds a third set with the
-baseline process on K cores of its own and the busy processes on the others (pinned / quiet). Targets (the issue): spread of medians
-(max - min) / median <= 1% across the processes for kernels of 50 us or more; agreement with
-do_bench within 3%; baselines of two independent processes within 10% of each other.
+each in its own process (`--child baselines`, no cache); `--cpu-load N` and `--pin-cores K`
+repeat them beside busy CPUs (`load_report`). The targets are at `SPREAD_TARGET`.
 
-What it is not: a benchmark of kernels or of torch; no test asserts these numbers (STYLE.md).
+`--reward-stability` checks the reward instead (`bench.system.reward_stability`): six tasks,
+four launch-bound level-3 models and two heavy level-1 kernels, each profiled in `--runs` (10)
+fresh processes the old way (the candidate alone against baselines from another process) and the
+paired way (candidate, eager and torch.compile timed together in rotated rounds of one process,
+as the final evaluation does), side by side; per task the milestone agreement, the speedup
+spread, the interval widths, and the job costs, into --out DIR (a table over every task in DIR,
+so runs of a few tasks each fill one table); `--deadline-s` stops starting runs in time.
+
+What it is not: a benchmark of kernels or of torch; no test asserts these numbers.
 
     python -m bench.system.timing                              # 5 runs, 3 problems, JSON on stdout
     python -m bench.system.timing --runs 5 --out timing.json --problems 19_ReLU,40_LayerNorm
     python -m bench.system.timing --runs 1 --problems 4_LeNet5,20_MobileNetV2 --cpu-load 16   # contention
     python -m bench.system.timing --runs 1 --problems 4_LeNet5 --cpu-load 16 --pin-cores 2    # + pinned lane
+    python -m bench.system.timing --reward-stability --tasks 4_LeNet5,9_ResNet18 --out bench/results/stability
+    python -m bench.system.timing --reward-stability --tables-only --out bench/results/stability   # merge
 """
 
 from __future__ import annotations
@@ -42,8 +48,9 @@ from pathlib import Path
 import msgspec
 
 from rewards.timing import stats
-from rewards.timing.sampling import METHOD_EVENT, METHOD_GRAPH, Measurement, TimingConfig, forced
 from rewards.timing.gpu_timer import measure
+from rewards.timing.sampling import METHOD_EVENT, METHOD_GRAPH, Measurement, TimingConfig, forced
+from rl.data.kernelbench import default_problems_path
 
 PROBLEMS = ("19_ReLU", "1_Square_matrix_multiplication_", "40_LayerNorm")
 PROBLEM_FILES = (
@@ -51,6 +58,9 @@ PROBLEM_FILES = (
     "../shared/kernelbench/problems.jsonl",
     "/work/shared/kernelbench/problems.jsonl",
 )
+# Targets: spread of medians (max - min) / median <= 1% across the processes for kernels of 50 us
+# or more; agreement with do_bench within 3%; baselines of two independent processes within 10%
+# of each other.
 SPREAD_TARGET, DO_BENCH_TARGET, BASELINE_TARGET = 0.01, 0.03, 0.10
 SPREAD_MIN_MS = 0.05  # the spread target applies to kernels of 50 us or more
 
@@ -66,7 +76,8 @@ extern "C" __global__ void saxpy(const float* __restrict__ x, float* __restrict_
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.system.timing", description=__doc__.split("\n")[0])
-    p.add_argument("--runs", type=int, default=5, help="fresh processes timing the kernels")
+    p.add_argument("--runs", type=int, help="fresh processes timing the kernels (5); --reward-stability: "
+                   "fresh processes per task and way (10)")
     p.add_argument("--problems", default=",".join(PROBLEMS), help="KernelBench names (any level); empty: none")
     p.add_argument(
         "--problems-file", type=Path, help="problems.jsonl (default: $KERNELBENCH_PROBLEMS, shared/)"
@@ -78,7 +89,20 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pin-cores", type=int, default=0, metavar="K",
                    help="with --cpu-load: once more with the baseline process on K cores of its own, "
                         "the busy processes on the others (does pinning a GPU lane undo the contention?)")
-    p.add_argument("--out", type=Path, help="also write the JSON report here")
+    p.add_argument("--out", type=Path, help="also write the JSON report here; --reward-stability: the output DIR")
+    g = p.add_argument_group("--reward-stability (bench.system.reward_stability)")
+    g.add_argument("--reward-stability", action="store_true",
+                   help="is the milestone the same in every fresh process, old way vs paired?")
+    g.add_argument("--tasks", default="", help="KernelBench names, any level (default: the six of the module doc)")
+    g.add_argument("--time-cap-s", type=float, default=0.0,
+                   help="PairedConfig.time_cap_s of the paired runs (0: the default, 10 s)")
+    g.add_argument("--deadline-s", type=float, default=510.0,
+                   help="start no new run after this many seconds (the tables cover the runs done)")
+    g.add_argument("--cost-runs", type=int, default=3,
+                   help="verify (quick, final) and profile jobs of L1 problem 1 for the cost, each")
+    g.add_argument("--sandbox", action="store_true", help="run the GPU worker in bubblewrap, as training does")
+    g.add_argument("--tables-only", action="store_true",
+                   help="only rebuild DIR/reward_stability.{json,md} from the task files in DIR (no GPU)")
     p.add_argument("--child", choices=("kernels", "baselines"), help=argparse.SUPPRESS)
     p.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--problem", help=argparse.SUPPRESS)
@@ -229,9 +253,8 @@ def child_kernels() -> dict:
 
 def _problem_source(name: str, problems_file: Path | None) -> str:
     env = os.environ.get("KERNELBENCH_PROBLEMS")
-    candidates = (
-        [problems_file] if problems_file else [Path(p) for p in ([env] if env else []) + list(PROBLEM_FILES)]
-    )
+    candidates = [problems_file] if problems_file else [
+        Path(p) for p in ([env] if env else []) + list(PROBLEM_FILES) + [str(default_problems_path())]]
     for path in candidates:
         if path.is_file():
             for line in path.read_text().splitlines():
@@ -307,7 +330,10 @@ def load_report(quiet: list[dict], loaded: list[dict], processes: int, pinned: l
                 pin_cores: int = 0) -> dict:
     """Baselines under CPU load against the same number of quiet runs: median of the runs'
     medians each way, and loaded / quiet (> 1: slower under load); with `pinned` (the runs on
-    cores of their own, the load on the rest) also pinned / quiet."""
+    cores of their own, the load on the rest) also pinned / quiet. `--cpu-load N` runs as many
+    baseline processes again while N busy-looping processes hold the CPUs (a compile pool at
+    work beside the GPU queue); `--pin-cores K` adds a third set with the baseline process on K
+    cores of its own and the busy processes on the others."""
     out: dict = {"processes": processes}
     if pinned is not None:
         out["pin_cores"] = pin_cores
@@ -420,6 +446,12 @@ def parent(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
+    if args.reward_stability:
+        from bench.system import reward_stability
+
+        args.runs = args.runs or 10
+        sys.exit(reward_stability.main(args))
+    args.runs = args.runs or 5
     if args.child == "kernels":
         result = child_kernels()
     elif args.child == "baselines":

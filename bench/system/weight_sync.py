@@ -22,9 +22,10 @@ import orjson
 import torch
 
 from rl.config import TrainConfig
-from rl.learner.fsdp import init_distributed
 from rl.learner.actor_critic import Learner
+from rl.learner.fsdp import init_distributed
 from rl.learner.models import ModelConfig, count_params, qwen2_config, tiny_qwen2_config
+from rl.learner.protocol import Empty
 from rl.learner.rank import Rank, build_engine
 
 
@@ -40,12 +41,12 @@ async def measure(size: str, repeats: int, dist) -> dict:
     seconds, nbytes = [], 0.0
     async with anyio.create_task_group() as tg:
         await tg.start(engine.serve)
-        await rank.sync({})  # warm-up: first gather allocates
+        await rank.sync(Empty())  # warm-up: first gather allocates
         for _ in range(repeats):
             if dist.device.type == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            metrics = (await rank.sync({}))["metrics"]
+            metrics = (await rank.sync(Empty())).metrics
             if dist.device.type == "cuda":
                 torch.cuda.synchronize()
             seconds.append(time.perf_counter() - t0)

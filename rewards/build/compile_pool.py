@@ -9,10 +9,11 @@ toolchain fingerprint), the module by its objects' keys: editing one kernel reco
 unit and relinks.
 What not: it does not load or run the module (`rewards.build.loader` does, on the GPU worker). A
 kernel that fails to build is a `CompileResult(ok=False)` with the trimmed compiler log, never an
-exception; exceptions mean broken infrastructure (no compiler, unwritable cache).
+exception; exceptions mean broken infrastructure (no compiler, unwritable cache), and a unit that
+fails on a header the machine lacks raises `MachineError` (`rewards.build.toolchain.machine_fault`).
 How used: one pool per compile machine, shared by every agent's compile calls.
 
-Why (REFERENCE.md section 2): a full `torch.utils.cpp_extension.load` rebuild of the paper's
+Why (measured on an H200 host): a full `torch.utils.cpp_extension.load` rebuild of the paper's
 layout takes ~13 s on 16 cores while nvcc of a cuda_runtime-only .cu takes ~1 s: the torch glue
 dominates, so it is compiled once and cached, and its headers are precompiled once per machine.
 
@@ -41,7 +42,13 @@ from agentcore.types import CompileResult
 from rewards.build import compiler_log, linker
 from rewards.build.plan import BuildPlan, Unit, plan_build
 from rewards.build.subprocesses import ProcessRun, file_lock, run_process
-from rewards.build.toolchain import Toolchain, ToolchainError, discover_toolchain
+from rewards.build.toolchain import (
+    MachineError,
+    Toolchain,
+    ToolchainError,
+    discover_toolchain,
+    machine_fault,
+)
 
 MODULE_NAME = "cuda_extension"
 
@@ -137,6 +144,8 @@ class _Outcome(Struct, frozen=True, kw_only=True):
     cached: bool = False
     log: str = ""
     seconds: float = 0.0
+    machine_fault: str = ""
+    """Why the unit failed through no fault of its source (a MachineError's message), else ''."""
 
 
 class _Linked(Struct, frozen=True, kw_only=True):
@@ -187,7 +196,8 @@ class CompilePool:
         self.pch_header = self.cache_dir / "pch" / pch_key[:24] / "torch_pch.h"
 
     async def build(self, workspace: Path, units: tuple[Unit, ...] | None = None) -> Build:
-        """Check, compile what the cache lacks, link; a model failure is `ok=False`. `units`
+        """Check, compile what the cache lacks, link; a model failure is `ok=False`, a header the
+        machine lacks raises MachineError. `units`
         skips the layout check and builds exactly those (`rewards.inline.prepare`'s load_inline units)."""
         start = time.perf_counter()
         root = workspace.resolve()
@@ -254,6 +264,8 @@ class CompilePool:
         outcomes.sort(key=lambda o: o.unit.path)
         counts = {"cached": sum(o.cached for o in outcomes), "built": sum(o.ok and not o.cached for o in outcomes)}
         timings = {o.unit.path: round(o.seconds, 3) for o in outcomes if not o.cached}
+        if fault := next((o.machine_fault for o in outcomes if o.machine_fault), ""):
+            raise MachineError(fault)
         if not all(o.ok for o in outcomes):
             log = "\n".join(o.log for o in outcomes if not o.ok)
             return self._finish(start, ok=False, log=log, unit_seconds=timings, **counts)
@@ -300,7 +312,9 @@ class CompilePool:
             os.replace(tmp, obj)  # atomic: readers see no object or a whole one
         tmp.unlink(missing_ok=True)
         self._bump(units_built=int(ok), units_failed=int(not ok), timeouts=int(run.timed_out))
-        return _Outcome(unit=unit, key=key, ok=ok, log=log, seconds=run.seconds)
+        fault = None if ok else machine_fault(run.output, self.toolchain)
+        return _Outcome(unit=unit, key=key, ok=ok, log=log, seconds=run.seconds,
+                        machine_fault=str(fault) if fault else "")
 
     async def _link(self, snapshot: Path, outcomes: list[_Outcome]) -> _Linked:
         """The module linked from the outcomes' objects, or reused from the cache."""

@@ -1,7 +1,7 @@
 """Static checks of a workspace before anything compiles, and the list of units to build.
 
 What: `plan_build(workspace)` reads `kernels/<name>.cu`, `kernels/<name>_binding.cpp` and the
-fixed `binding.cpp`, checks the layout rules of the paper's workspace (REFERENCE.md section 1)
+fixed `binding.cpp`, checks the layout rules of the paper's workspace (agentcore/assets/SKILL.md)
 and returns the translation units, each with the local headers it includes (they go into its
 cache key), or the problems found: one line each, naming file and line, saying what to do.
 What not: no compiler runs here. A check is a text scan with comments stripped, not a parse;

@@ -3,7 +3,8 @@ on the load_inline source strings.
 
 What it is: step 4 of `rewards.inline.prepare`. `static_findings(spec, model_new, reference)` runs
 `rewards.static.python.check_model_new` on the rewritten file and `rewards.static.cpp`'s host and
-device rules on the strings (file names say which argument; lines are lines of that string);
+device rules on each module's strings (file names say which module and argument; lines are lines
+of that string);
 `split_device_code` separates a .cu text's kernel bodies from its host code so that each set of
 rules reads only its own side.
 What it is not: the verdict (`rewards.inline.prepare.convert` turns findings into one with
@@ -53,11 +54,14 @@ def split_device_code(source: str) -> tuple[str, str]:
 
 
 def static_findings(spec: InlineSpec, model_new: str, reference: str) -> list[Finding]:
-    """Python checks on the rewritten model_new.py, C++ checks on the source strings (file names
-    say which argument; lines are lines of that string)."""
-    host, device = split_device_code(spec.cuda_sources)
-    files = {"load_inline/cpp_sources.cpp": spec.cpp_sources}
-    if spec.cuda_sources:
-        files |= {"load_inline/cuda_sources.cpp": host, "load_inline/cuda_sources.cuh": device}
+    """Python checks on the rewritten model_new.py, C++ checks on each module's source strings
+    (file names say which module and argument; lines are lines of that string)."""
+    files = {}
+    for module in spec.modules:
+        prefix = f"load_inline/{module.attr}/" if module.attr else "load_inline/"
+        files[f"{prefix}cpp_sources.cpp"] = module.cpp_sources
+        if module.cuda_sources:
+            host, device = split_device_code(module.cuda_sources)
+            files |= {f"{prefix}cuda_sources.cpp": host, f"{prefix}cuda_sources.cuh": device}
     findings = check_model_new(model_new, reference=reference) + check_kernels(files)
     return sorted(findings, key=lambda f: (f.file, f.line))

@@ -1,52 +1,91 @@
-"""Static extraction of the one `load_inline(...)` call of a single-file KernelBench solution.
+"""Static extraction of the `load_inline(...)` calls of a single-file KernelBench solution.
 
-What it is: `extract(source) -> InlineSpec` reads the call's arguments from the AST without running
-anything (step 1 of `rewards.inline.prepare`): string constants, module-level names bound to them earlier
-in the file (`src = "..."`, `src += "..."`), `+` concatenations, lists/tuples of those,
-`functions` as a list, tuple, dict (its keys) or one string, and `-DNAME[=value]` extra flags.
-Anything else raises `UnsupportedInline`, whose message says which part.
+What it is: `extract(source) -> InlineSpec` reads every load_inline call's arguments from the AST
+without running anything (step 1 of `rewards.inline.prepare`). Each argument is folded by
+`rewards.inline.fold` (constants, string operations on constants, names bound once in the
+module, an `if`, a function or the class). Each call builds one extension module
+(`InlineModule`); calls with the same sources share it. `functions` may be a list, tuple, dict
+(its keys) or one string, or be left out when the sources define `PYBIND11_MODULE` themselves.
+What cannot matter for a build the compile pool owns is noted, not refused (`InlineSpec.notes`):
+a computed `name=`, flags computed at import, `**options` when the sources and functions are
+given explicitly. What is refused raises `UnsupportedInline`, whose one-line message names the
+construct and why; a file that does not parse raises `InvalidSolution`. `rewards.inline.prepare`
+turns both into COMPILE_ERROR verdicts.
 What it is not: the rewrite of model_new.py (`rewards.inline.rewrite`), the generated sources
-(`rewards.inline.sources`) or the preparation as a whole (`rewards.inline.prepare`, which re-exports
-`extract`, `InlineSpec` and `UnsupportedInline`).
+(`rewards.inline.sources`) or the preparation as a whole (`rewards.inline.prepare`).
 
 Example:
     spec = extract(Path("model_new.py").read_text())
-    spec.name, spec.functions, spec.call
+    [m.functions for m in spec.modules], spec.calls, spec.notes
 """
 
 from __future__ import annotations
 
 import ast
+import keyword
 import re
 
+import msgspec
 from msgspec import Struct
+
+from rewards.inline.fold import Folder, NotFoldable, dotted
 
 CPP_EXTENSION = "torch.utils.cpp_extension"
 LOAD_INLINE = f"{CPP_EXTENSION}.load_inline"
 POSITIONAL = ("name", "cpp_sources", "cuda_sources")
+FLAG_ARGS = ("extra_cflags", "extra_cuda_cflags", "extra_ldflags", "extra_include_paths")
+BUILD_OPTIONS = frozenset(
+    "build_directory verbose with_cuda with_sycl with_pytorch_error_handling keep_intermediates use_pch "
+    "no_implicit_headers extra_sycl_cflags sycl_sources".split()
+)  # load_inline's other parameters: the compile pool decides what they would
+MAX_SOURCE_BYTES = 1 << 20  # as rewards.evaluate.MAX_FILE_BYTES
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DEFINE = re.compile(r"^-D([A-Za-z_][A-Za-z0-9_]*)(?:=([A-Za-z0-9_.+-]*))?$")
+_PYBIND_MODULE = re.compile(r"\bPYBIND11_MODULE\s*\(")
 
 
 class UnsupportedInline(ValueError):
-    """The load_inline call cannot be read statically; the message says which part."""
+    """A load_inline call that cannot be read statically; the message names the construct and why."""
+
+
+class InvalidSolution(ValueError):
+    """model_new.py is not a Python file this side can read (syntax error, too large)."""
+
+
+class InlineModule(Struct, frozen=True, kw_only=True):
+    """What one load_inline call compiles: one extension module."""
+
+    name: str
+    """load_inline's `name=` (or `module<i>` when it is computed at import)."""
+    attr: str = ""
+    """The module's attribute of `cuda_extension` when the file builds several; '' for one."""
+    cpp_sources: str
+    cuda_sources: str
+    functions: tuple[str, ...] = ()
+    """The bound C++ functions; () when the sources define PYBIND11_MODULE themselves."""
+    defines: tuple[tuple[str, str], ...] = ()
+    """`-DNAME[=value]` of the extra flags, as #defines."""
+    ignored_flags: tuple[str, ...] = ()
+    """Other extra flags: not passed to the compilers (the pool owns arch and flags)."""
+
+
+class InlineCall(Struct, frozen=True, kw_only=True):
+    """One call site: where it is, which module it builds, and NAME of a module-level
+    `NAME = load_inline(...)` statement ('' otherwise)."""
+
+    span: tuple[int, int, int, int]
+    """(lineno, col, end_lineno, end_col), ast's UTF-8 byte columns."""
+    module: int
+    target: str = ""
 
 
 class InlineSpec(Struct, frozen=True, kw_only=True):
-    """The statically read arguments of the one load_inline call of a model_new.py."""
+    """The statically read load_inline calls of a model_new.py."""
 
-    name: str
-    cpp_sources: str
-    cuda_sources: str
-    functions: tuple[str, ...]
-    defines: tuple[tuple[str, str], ...] = ()
-    """`-DNAME[=value]` of extra_cflags / extra_cuda_cflags."""
-    ignored_flags: tuple[str, ...] = ()
-    """Other extra flags: not passed to the compilers (the pool owns arch and flags)."""
-    call: tuple[int, int, int, int] = (0, 0, 0, 0)
-    """The call's (lineno, col, end_lineno, end_col), ast's UTF-8 byte columns."""
-    target: str = ""
-    """NAME of a module-level `NAME = load_inline(...)`, else ''."""
+    modules: tuple[InlineModule, ...]
+    calls: tuple[InlineCall, ...]
+    notes: tuple[str, ...] = ()
+    """What was read but does not change the build (computed names, flags, **options)."""
 
 
 def _aliases(tree: ast.Module) -> dict[str, str]:
@@ -62,140 +101,220 @@ def _aliases(tree: ast.Module) -> dict[str, str]:
     return aliases
 
 
-def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    return ".".join([aliases.get(node.id, node.id), *reversed(parts)])
+def _is_load_inline(call: ast.Call, aliases: dict[str, str]) -> bool:
+    """torch's load_inline by any import alias, or a call through any name ending in it
+    (`cpp_ext.load_inline` with `cpp_ext` bound at run time)."""
+    func = call.func
+    named = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+    return dotted(func, aliases) == LOAD_INLINE or named == "load_inline"
 
 
-def _load_inline_calls(tree: ast.Module, aliases: dict[str, str]) -> list[ast.Call]:
-    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and _dotted(n.func, aliases) == LOAD_INLINE]
+def parse(source: str) -> ast.Module:
+    """The AST of model_new.py; raises InvalidSolution."""
+    size = len(source.encode(errors="replace"))
+    if size > MAX_SOURCE_BYTES:
+        raise InvalidSolution(f"model_new.py is {size} bytes (at most {MAX_SOURCE_BYTES})")
+    try:
+        return ast.parse(source)
+    except SyntaxError as exc:
+        raise InvalidSolution(f"model_new.py does not parse: {exc.msg} (line {exc.lineno})") from None
+    except (ValueError, RecursionError, MemoryError) as exc:  # null bytes, nesting past the parser's limit
+        raise InvalidSolution(f"model_new.py does not parse: {type(exc).__name__}: {exc}") from None
 
 
-def _strings(node: ast.AST, names: dict[str, object], what: str) -> object:
-    """The str, or list of str, that `node` statically denotes."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
-    if isinstance(node, ast.Name):
-        if node.id not in names:
-            raise UnsupportedInline(f"{what}: name {node.id!r} is not bound to a string constant at module level before the call")
-        return names[node.id]
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        left, right = _strings(node.left, names, what), _strings(node.right, names, what)
-        if type(left) is type(right):
-            return left + right
-    if isinstance(node, (ast.List, ast.Tuple)):
-        items = [_strings(e, names, what) for e in node.elts]
-        if all(isinstance(i, str) for i in items):
-            return items
-    raise UnsupportedInline(f"{what}: line {getattr(node, 'lineno', '?')}: not a string constant, "
-                            "a module-level name bound to one, or a concatenation of those")
+class _Call:
+    """The arguments of one call site, folded on demand."""
+
+    def __init__(self, call: ast.Call, folder: Folder, notes: list[str]) -> None:
+        self.call, self.folder, self.notes = call, folder, notes
+        self.line = f"line {call.lineno}"
+        self.args: dict[str, object] = {}
+        self.opaque_options = self.opaque_why = ""  # a **options that could not be read, and why
+        self._positional()
+        for kw in call.keywords:
+            if kw.arg is not None:
+                self.args[kw.arg] = kw.value
+            else:
+                self._options(kw.value)
+
+    def _positional(self) -> None:
+        args = []
+        for a in self.call.args:
+            if isinstance(a, ast.Starred):
+                items = self._fold(a.value, "*args")
+                if not isinstance(items, (list, tuple)):
+                    raise UnsupportedInline(f"{self.line}: *args: not a list or tuple")
+                args += [_Given(i) for i in items]
+            else:
+                args.append(a)
+        if len(args) > 4:
+            raise UnsupportedInline(f"{self.line}: {len(args)} positional arguments (name, cpp_sources, "
+                                    "cuda_sources and functions are the ones read)")
+        self.args.update(zip(POSITIONAL, args))
+        if len(args) == 4:  # torch < 2.6 had functions fourth, later ones sycl_sources
+            self.args["functions"] = args[3]
+
+    def _options(self, node: ast.AST) -> None:
+        try:
+            options = self.folder.value(node)
+        except NotFoldable as exc:
+            self.opaque_options, self.opaque_why = f"**{ast.unparse(node)[:40]}", str(exc)
+            return
+        if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
+            raise UnsupportedInline(f"{self.line}: **{ast.unparse(node)[:40]} is not a dict of keywords")
+        self.args.update({k: _Given(v) for k, v in options.items()})
+
+    def has(self, key: str) -> bool:
+        arg = self.args.get(key)
+        return arg is not None and not (isinstance(arg, ast.Constant) and arg.value is None) and \
+            not (isinstance(arg, _Given) and arg.value is None)
+
+    def _fold(self, node: object, what: str) -> object:
+        if isinstance(node, _Given):
+            return node.value
+        try:
+            return self.folder.value(node)
+        except NotFoldable as exc:
+            raise UnsupportedInline(f"{what}: {exc}") from None
+
+    def get(self, key: str) -> object:
+        return self._fold(self.args[key], key)
+
+    def text(self, key: str) -> str:
+        """A source argument: one str, or a list or tuple of str joined by newlines."""
+        if not self.has(key):
+            if self.opaque_options and key not in self.args:
+                raise UnsupportedInline(f"{self.line}: {key} is not given and may come from {self.opaque_options} "
+                                        f"({self.opaque_why})")
+            return ""
+        value = self.get(key)
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return "\n".join(value)
+        raise UnsupportedInline(f"{key}: {self.line}: a {type(value).__name__}, not a str or a list of str")
 
 
-def _module_strings(tree: ast.Module, before_line: int) -> dict[str, object]:
-    """Module-level names bound to statically known strings by statements before `before_line`;
-    a name rebound to something unknown is dropped."""
-    names: dict[str, object] = {}
-    for stmt in tree.body:
-        if stmt.lineno >= before_line:
-            break
-        if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and stmt.value is not None:
-            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-            value = stmt.value
-            if isinstance(stmt, ast.AugAssign):
-                value = ast.BinOp(left=ast.Name(id=getattr(stmt.target, "id", ""), ctx=ast.Load()), op=stmt.op,
-                                  right=stmt.value, lineno=stmt.lineno)
-            try:
-                known = _strings(value, names, "")
-            except UnsupportedInline:
-                known = None
-            for target in targets:
-                if isinstance(target, ast.Name):
-                    if known is None:
-                        names.pop(target.id, None)
-                    else:
-                        names[target.id] = known
-    return names
+class _Given:
+    """An argument whose value is already folded (from **options or *args)."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
 
 
-def _joined(value: object) -> str:
-    return "\n".join(value) if isinstance(value, list) else str(value)
-
-
-def _functions(node: ast.AST | None, names: dict[str, object]) -> tuple[str, ...]:
-    if node is None:
-        raise UnsupportedInline("functions= is missing: the module would expose nothing")
-    if isinstance(node, ast.Dict):
-        keys = [_strings(k, names, "functions") for k in node.keys if k is not None]
-    else:
-        value = _strings(node, names, "functions")
-        keys = [value] if isinstance(value, str) else value
+def _functions(call: _Call, sources: str) -> tuple[str, ...]:
+    if not call.has("functions"):
+        if _PYBIND_MODULE.search(sources):
+            return ()
+        if call.opaque_options and "functions" not in call.args:
+            raise UnsupportedInline(f"{call.line}: functions= is not given and may come from "
+                                    f"{call.opaque_options} ({call.opaque_why})")
+        raise UnsupportedInline(f"{call.line}: functions= is missing and the sources define no PYBIND11_MODULE: "
+                                "the module would have nothing to import")
+    value = call.get("functions")
+    keys = list(value) if isinstance(value, (list, tuple, dict)) else [value]
     bad = [k for k in keys if not isinstance(k, str) or not _IDENT.match(k)]
     if bad or not keys:
-        raise UnsupportedInline(f"functions: {bad or 'empty'}: expected C++ function names")
+        raise UnsupportedInline(f"functions: {call.line}: {bad[:3] or 'empty'}: expected C++ function names")
     return tuple(keys)
 
 
-def _flags(args: dict[str, ast.AST], names: dict[str, object]) -> tuple[tuple, tuple]:
+def _flags(call: _Call) -> tuple[tuple, tuple]:
     defines, ignored = [], []
-    for key in ("extra_cflags", "extra_cuda_cflags", "extra_ldflags", "extra_include_paths"):
-        if key not in args or (isinstance(args[key], ast.Constant) and args[key].value is None):
+    for key in FLAG_ARGS:
+        if not call.has(key):
             continue
         try:
-            value = _strings(args[key], names, key)
-        except UnsupportedInline:
-            ignored.append(f"{key}=<not a constant>")
+            value = call.get(key)
+        except UnsupportedInline as exc:
+            call.notes.append(f"{key} not read ({exc}): the compile pool sets the flags")
             continue
-        for flag in filter(None, [value] if isinstance(value, str) else value):
-            m = _DEFINE.match(flag) if key != "extra_ldflags" else None
+        flags = [value] if isinstance(value, str) else value if isinstance(value, (list, tuple)) else []
+        for flag in filter(None, flags):
+            m = _DEFINE.match(str(flag)) if key != "extra_ldflags" else None
             if m and (m.group(1), m.group(2) or "1") not in defines:
                 defines.append((m.group(1), m.group(2) or "1"))
             elif not m:
-                ignored.append(flag)
+                ignored.append(str(flag))
     return tuple(defines), tuple(ignored)
 
 
-def _call_args(call: ast.Call) -> dict[str, ast.AST]:
-    if len(call.args) > len(POSITIONAL) or any(isinstance(a, ast.Starred) for a in call.args):
-        raise UnsupportedInline("more than name, cpp_sources, cuda_sources passed by position")
-    if any(k.arg is None for k in call.keywords):
-        raise UnsupportedInline("**kwargs in the call")
-    return {**dict(zip(POSITIONAL, call.args)), **{k.arg: k.value for k in call.keywords}}
+def _module(call: ast.Call, folder: Folder, index: int, notes: list[str]) -> InlineModule:
+    args = _Call(call, folder, notes)
+    if args.has("is_python_module") and args.get("is_python_module") is not True:
+        raise UnsupportedInline(f"{args.line}: is_python_module must be True (otherwise load_inline returns a path "
+                                "and the functions are reached through torch.ops)")
+    if "cpp_sources" not in args.args and not args.opaque_options:
+        raise UnsupportedInline(f"{args.line}: cpp_sources is missing")
+    cpp, cuda = args.text("cpp_sources"), args.text("cuda_sources")
+    functions = _functions(args, cpp + "\n" + cuda)
+    if args.opaque_options:
+        notes.append(f"{args.line}: {args.opaque_options} not read ({args.opaque_why}): with the sources and "
+                     "functions given, it can only hold build options, which the compile pool sets")
+    name = f"module{index}"
+    try:
+        name = str(args.get("name")) if args.has("name") else name
+    except UnsupportedInline as exc:
+        notes.append(f"{args.line}: name= is computed at import ({exc}); the module is built as {name}")
+    for key in sorted(set(args.args) - set(POSITIONAL) - {"functions", "is_python_module", *FLAG_ARGS, *BUILD_OPTIONS}):
+        notes.append(f"{args.line}: load_inline has no argument {key!r}: ignored")
+    defines, ignored = _flags(args)
+    return InlineModule(name=name, cpp_sources=cpp, cuda_sources=cuda, functions=functions, defines=defines,
+                        ignored_flags=ignored)
+
+
+def _target(tree: ast.Module, call: ast.Call) -> str:
+    """NAME of a module-level `NAME = load_inline(...)`, else ''."""
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and stmt.value is call and len(stmt.targets) == 1 and \
+                isinstance(stmt.targets[0], ast.Name):
+            return stmt.targets[0].id
+    return ""
+
+
+def _attrs(modules: list[InlineModule]) -> tuple[InlineModule, ...]:
+    """Each module's attribute of cuda_extension: its name when that is a fresh identifier."""
+    if len(modules) == 1:
+        return tuple(modules)
+    names = [m.name for m in modules]
+    out = []
+    for i, m in enumerate(modules):
+        usable = _IDENT.match(m.name) and not m.name.startswith("_") and not keyword.iskeyword(m.name)
+        attr = m.name if usable and names.count(m.name) == 1 and not m.name.startswith("module") else f"module{i}"
+        out.append(msgspec.structs.replace(m, attr=attr))
+    return tuple(out)
 
 
 def extract(source: str) -> InlineSpec:
-    """The one load_inline call's arguments; raises UnsupportedInline."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError as exc:
-        raise UnsupportedInline(f"model_new.py does not parse: {exc}") from None
+    """Every load_inline call's module; raises UnsupportedInline or InvalidSolution."""
+    tree = parse(source)
     aliases = _aliases(tree)
-    calls = _load_inline_calls(tree, aliases)
-    if len(calls) != 1:
-        raise UnsupportedInline(f"{len(calls)} load_inline calls (exactly one is supported)")
-    call = calls[0]
-    top = next(s for s in tree.body if s.lineno <= call.lineno <= s.end_lineno)
-    names = _module_strings(tree, top.lineno)
-    args = _call_args(call)
-    module = args.get("is_python_module")
-    if module is not None and not (isinstance(module, ast.Constant) and module.value is True):
-        raise UnsupportedInline("is_python_module must be True")
-    if "name" not in args or "cpp_sources" not in args:
-        raise UnsupportedInline("name= and cpp_sources= are required")
-    name = _strings(args["name"], names, "name")
-    cuda = args.get("cuda_sources")
-    cuda_text = "" if cuda is None or (isinstance(cuda, ast.Constant) and cuda.value is None) else \
-        _joined(_strings(cuda, names, "cuda_sources"))
-    defines, ignored = _flags(args, names)
-    target = ""
-    if isinstance(top, ast.Assign) and top.value is call and len(top.targets) == 1 and isinstance(top.targets[0], ast.Name):
-        target = top.targets[0].id
-    return InlineSpec(
-        name=str(name), cpp_sources=_joined(_strings(args["cpp_sources"], names, "cpp_sources")),
-        cuda_sources=cuda_text, functions=_functions(args.get("functions"), names), defines=defines,
-        ignored_flags=ignored, call=(call.lineno, call.col_offset, call.end_lineno, call.end_col_offset), target=target,
-    )
+    calls = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Call) and _is_load_inline(n, aliases)),
+                   key=lambda c: (c.lineno, c.col_offset))
+    if not calls:
+        raise UnsupportedInline("no load_inline(...) call: the name appears only in comments or strings, or "
+                                "the function is reached through a value bound at run time")
+    for outer, inner in zip(calls, calls[1:]):
+        if (inner.lineno, inner.col_offset) < (outer.end_lineno, outer.end_col_offset):
+            raise UnsupportedInline(f"line {inner.lineno}: a load_inline call inside another's arguments")
+    folder = Folder(tree, aliases)
+    modules: list[InlineModule] = []
+    sites: list[InlineCall] = []
+    notes: list[str] = []
+    for call in calls:
+        module = _module(call, folder, len(modules), notes)
+        same = next((i for i, m in enumerate(modules) if _same_build(m, module)), None)
+        if same is None:
+            modules.append(module)
+            same = len(modules) - 1
+        span = (call.lineno, call.col_offset, call.end_lineno, call.end_col_offset)
+        sites.append(InlineCall(span=span, module=same, target=_target(tree, call)))
+    ignored = sorted({f for m in modules for f in m.ignored_flags})
+    if ignored:
+        notes.append(f"extra flags not passed on (the compile pool sets arch and flags): {' '.join(ignored)[:200]}")
+    return InlineSpec(modules=_attrs(modules), calls=tuple(sites), notes=tuple(notes))
+
+
+def _same_build(a: InlineModule, b: InlineModule) -> bool:
+    return (a.cpp_sources, a.cuda_sources, a.functions, a.defines) == (b.cpp_sources, b.cuda_sources, b.functions,
+                                                                      b.defines)

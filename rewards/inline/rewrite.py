@@ -2,11 +2,13 @@
 
 What it is: `rewrite(source, spec) -> str` (step 2 of `rewards.inline.prepare`): `ext = load_inline(...)`
 at module level becomes `import cuda_extension as ext` (the static checks know import aliases),
-any other call site becomes the name `cuda_extension` with `import cuda_extension;` in front of the
-first top-level statement; imports of torch.utils.cpp_extension become `pass`. Edits are byte
-ranges of the AST's positions and keep line numbers, so tracebacks point at the author's lines.
-What it is not: the extraction of the call (`rewards.inline.extract`, whose `InlineSpec.call`
-locates it) or the build (`rewards.inline.sources`). `rewards.inline.prepare` re-exports `rewrite`.
+or `from cuda_extension import <attr> as ext` when the file builds several modules; any other
+call site becomes `(cuda_extension)` or `(cuda_extension.<attr>)`, with `import cuda_extension;`
+in front of the first top-level statement; imports of torch.utils.cpp_extension are dropped (a
+statement left empty becomes `pass`). Edits are byte ranges of the AST's positions and keep line
+numbers, so tracebacks point at the author's lines.
+What it is not: the extraction of the calls (`rewards.inline.extract`, whose `InlineSpec.calls`
+locate them) or the build (`rewards.inline.sources`). `rewards.inline.prepare` re-exports `rewrite`.
 
 Example:
     model_new = rewrite(source, extract(source))
@@ -29,20 +31,20 @@ def _offsets(source: bytes) -> list[int]:
 
 
 def _import_edits(tree: ast.Module) -> list[tuple[ast.stmt, str]]:
-    """Statements importing torch.utils.cpp_extension and what replaces them."""
+    """Statements importing torch.utils.cpp_extension and what replaces them: the same import
+    without it (`import torch` where a plain `import torch.utils.cpp_extension` bound `torch`)."""
     edits = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            hits = [a for a in node.names
-                    if node.module.startswith(CPP_EXTENSION) or f"{node.module}.{a.name}" == CPP_EXTENSION]
-            if hits and len(hits) != len(node.names) and not node.module.startswith(CPP_EXTENSION):
-                raise UnsupportedInline(f"line {node.lineno}: cpp_extension imported with other names")
-            if hits:
-                edits.append((node, "pass"))
+            keep = [a for a in node.names if not (node.module.startswith(CPP_EXTENSION)
+                                                  or f"{node.module}.{a.name}" == CPP_EXTENSION)]
+            if len(keep) != len(node.names):
+                rest = ast.ImportFrom(module=node.module, names=keep, level=0)
+                edits.append((node, ast.unparse(rest) if keep else "pass"))
         elif isinstance(node, ast.Import) and any(a.name.startswith(CPP_EXTENSION) for a in node.names):
-            if len(node.names) != 1:
-                raise UnsupportedInline(f"line {node.lineno}: cpp_extension imported with other modules")
-            edits.append((node, "pass" if node.names[0].asname else "import torch"))
+            keep = [a if not a.name.startswith(CPP_EXTENSION) else ast.alias(name="torch")
+                    for a in node.names if not (a.name.startswith(CPP_EXTENSION) and a.asname)]
+            edits.append((node, ast.unparse(ast.Import(names=keep)) if keep else "pass"))
     return edits
 
 
@@ -69,16 +71,24 @@ def rewrite(source: str, spec: InlineSpec) -> str:
     for node, text in _import_edits(tree):
         start, end, lines = span((node.lineno, node.col_offset, node.end_lineno, node.end_col_offset))
         edits.append((start, end, text + "\n" * lines))
-    call_start, call_end, call_lines = span(spec.call)
-    if spec.target:
-        top = next(s for s in tree.body if s.lineno <= spec.call[0] <= s.end_lineno)
-        start, end, lines = span((top.lineno, top.col_offset, top.end_lineno, top.end_col_offset))
-        edits.append((start, end, f"import cuda_extension as {spec.target}" + "\n" * lines))
-    else:
-        edits.append((call_start, call_end, "(cuda_extension)" + "\n" * call_lines))
+    bare = False
+    for call in spec.calls:
+        attr = spec.modules[call.module].attr
+        if call.target:
+            top = next(s for s in tree.body if s.lineno <= call.span[0] <= s.end_lineno)
+            start, end, lines = span((top.lineno, top.col_offset, top.end_lineno, top.end_col_offset))
+            text = f"from cuda_extension import {attr} as {call.target}" if attr else \
+                f"import cuda_extension as {call.target}"
+            edits.append((start, end, text + "\n" * lines))
+        else:
+            start, end, lines = span(call.span)
+            edits.append((start, end, f"(cuda_extension{'.' + attr if attr else ''})" + "\n" * lines))
+            bare = True
+    if bare:
         first = _first_statement(tree)
         at = starts[first.lineno] if first is not None else len(data)
-        compound = first is not None and isinstance(first, (ast.ClassDef, ast.FunctionDef, ast.If, ast.With, ast.For, ast.Try, ast.AsyncFunctionDef, ast.While))
+        compound = first is not None and isinstance(first, (ast.ClassDef, ast.FunctionDef, ast.If, ast.With, ast.For,
+                                                            ast.Try, ast.AsyncFunctionDef, ast.While))
         edits.append((at, at, "import cuda_extension\n" if compound or first is None else "import cuda_extension; "))
     for start, end, text in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
         data = data[:start] + text.encode() + data[end:]

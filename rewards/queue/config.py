@@ -21,7 +21,11 @@ class GpuQueueConfig(Struct, frozen=True, kw_only=True):
     gpus: tuple[int, ...] = ()
     """GPU indices, one lane each; empty: every GPU torch sees, counted in a subprocess."""
     sandbox: bool = False
-    """Run each worker inside bubblewrap: read-only host, no network, only its scratch writable."""
+    """Run each worker inside bubblewrap: the host filesystem read-only, a private read-only
+    /tmp, only the lane's scratch dir (and `writable_paths`) writable, `hidden_paths` covered, no
+    network, private pid/ipc/uts/user namespaces, the GPU device nodes bound, a filtered
+    environment. A worker keeps one sandbox for its lifetime, so per-job inputs travel in
+    `Job.files` rather than as bind mounts."""
     bwrap_path: str = "bwrap"
     """The bubblewrap binary, a name on PATH or a path."""
     hidden_paths: tuple[str, ...] = SECRET_PATHS

@@ -19,22 +19,16 @@ Topology, one task group owned by `async with GpuQueue(config)`:
        +-- one task per lane: start worker, release lane, wait until the worker is retired, repeat
              +-- per worker: stderr drain (bounded tail), exit watcher
 
-The sandbox (`sandbox=True`): the host filesystem read-only, a private read-only /tmp, the lane's
-scratch dir the only writable place, `hidden_paths` covered, no network, private pid/ipc/uts/user
-namespaces, the GPU device nodes bound, a filtered environment. Each worker keeps one sandbox for
-its lifetime, so per-job inputs travel in `Job.files` rather than as bind mounts.
-
-Parts: `rewards.queue.worker_command` (the worker's command line, sandbox and environment),
-`rewards.queue.lanes` (worker process, lane, dispatcher); this module is the queue and its config.
+Parts: `rewards.queue.config` (the settings, the sandbox among them), `rewards.queue.lanes`
+(worker process, lane, dispatcher), `rewards.queue.worker_command` (the worker's command line,
+sandbox and environment); this module is the queue.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from contextlib import AsyncExitStack
@@ -44,10 +38,8 @@ from typing import Self
 import anyio
 import anyio.abc
 import msgspec
-from msgspec import Struct
 
 from rewards.queue.config import SECRET_PATHS, GpuQueueConfig
-from rewards.queue.lanes import BROKEN, Dispatcher, Lane, QueueClosed, WorkerProcess
 from rewards.queue.jobs import (
     Job,
     JobResult,
@@ -57,6 +49,7 @@ from rewards.queue.jobs import (
     ready_decoder,
     result_decoder,
 )
+from rewards.queue.lanes import BROKEN, Dispatcher, Lane, QueueClosed, WorkerProcess
 from rewards.queue.worker_command import count_gpus, worker_argv, worker_env
 
 log = logging.getLogger(__name__)

@@ -35,6 +35,7 @@ import os
 import resource
 import shutil
 import signal
+import stat
 import sys
 import time
 import traceback
@@ -161,7 +162,10 @@ def resolve(kind: str, registry: dict[str, str]) -> Handler:
 
 
 def _failed(job: Job, status: JobStatus, exc: BaseException, run_s: float = 0.0) -> JobResult:
+    """The exception as a result; its text may carry anything (a file name the candidate made is
+    not UTF-8): escaped, so the result always encodes."""
     text = "".join(traceback.format_exception(exc))[-ERROR_CHARS:]
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return JobResult(job_id=job.job_id, status=status, error=text, run_s=run_s)
 
 
@@ -233,13 +237,25 @@ def _flush_stdio() -> None:
 
 
 def _reset_dir(path: str) -> None:
-    """Empty `path`, keeping the directory itself (it is a mount point in the sandbox)."""
+    """Empty `path`, keeping the directory itself (it is a mount point in the sandbox), or make
+    it again: a job may have removed it, and the next job must still find its scratch dir."""
 
     def make_writable_and_retry(function, target, _exc_info):
         os.chmod(os.path.dirname(target), 0o700)
         function(target)
 
-    for entry in os.scandir(path):
+    try:  # a job may have taken our permissions away
+        os.chmod(path, stat.S_IMODE(os.stat(path).st_mode) | stat.S_IRWXU)
+    except OSError:
+        pass
+    try:
+        entries = list(os.scandir(path))
+    except FileNotFoundError:
+        os.makedirs(path, exist_ok=True)
+        return
+    except OSError:
+        return
+    for entry in entries:
         try:
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path, onerror=make_writable_and_retry)
@@ -270,7 +286,7 @@ def _in_private_pid_namespace() -> bool:
 
 def _reap_strays() -> None:
     """Inside the sandbox's own pid namespace, kill every process but bwrap's init and us:
-    background processes a candidate left must not outlive its job (REFERENCE.md 3, item 8)."""
+    background processes a candidate left must not outlive its job (rewards/README.md, hack 8)."""
     zygote = sys.modules.get("rewards.queue.zygote")  # the candidate children's launcher stays
     keep = {1, os.getpid(), *(zygote.spared_pids() if zygote is not None else ())}
     for name in os.listdir("/proc"):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import anyio
 
+from agentcore.interpreter import bind_back, interpreter_dirs
 from rewards.queue.config import GpuQueueConfig
 
 _SANDBOX_ENV = ("PATH", "LANG", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX")
@@ -35,6 +36,15 @@ async def count_gpus(python: str = sys.executable) -> int:
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
 
+def _worker_python_dirs(python: str) -> list[str]:
+    """What the worker's interpreter needs to start and import the project: its prefixes, site
+    directories and sys.path (this process's, when the worker runs this interpreter), the
+    directory of `python` itself, and the project root."""
+    dirs = interpreter_dirs(with_sys_path=True) + [_PROJECT_ROOT]
+    venv = os.path.dirname(os.path.dirname(os.path.abspath(python)))  # <prefix>/bin/python
+    return dirs + [venv, os.path.dirname(os.path.realpath(python))]
+
+
 def sandbox_argv(config: GpuQueueConfig, scratch: Path) -> list[str]:
     """bwrap around a worker. Later mounts cover earlier ones: the scratch bind comes after the
     tmpfs that may hold it, and /tmp turns read-only last, once the bind point exists in it.
@@ -45,13 +55,14 @@ def sandbox_argv(config: GpuQueueConfig, scratch: Path) -> list[str]:
     for node in sorted(glob.glob("/dev/nvidia*")):
         argv += ["--dev-bind", node, node]
     argv += ["--proc", "/proc", "--tmpfs", "/tmp"]
-    if _PROJECT_ROOT.startswith("/tmp/"):  # a checkout under /tmp: the worker must still import it
-        argv += ["--ro-bind", _PROJECT_ROOT, _PROJECT_ROOT]
     for path in config.hidden_paths:
         if os.path.isdir(path):
             argv += ["--tmpfs", path]
         elif os.path.exists(path):
             argv += ["--ro-bind", "/dev/null", path]
+    hidden = [p for p in config.hidden_paths if os.path.isdir(p)]
+    for path in bind_back(_worker_python_dirs(config.python), ["/tmp", *hidden], keep_hidden=hidden):
+        argv += ["--ro-bind", path, path]  # e.g. a virtualenv under /tmp
     for path in config.writable_paths:
         os.makedirs(path, exist_ok=True)
         argv += ["--bind", path, path]

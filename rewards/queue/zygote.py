@@ -1,7 +1,7 @@
-"""A pre-loaded launcher of candidate and profile children, the worker's side (issue 3).
+"""A pre-loaded launcher of candidate and profile children, the worker's side.
 
 What it is: the trusted client of one zygote process per GPU worker (rewards.queue.zygote_server),
-started lazily at the first job exactly as the children are started today (`subprocess.Popen`
+started lazily at the first job exactly as spawned children are started (`subprocess.Popen`
 from the worker: same sandbox, same environment, same CUDA_VISIBLE_DEVICES, its own process
 group, dies with the worker) as `python -P -s -m rewards.queue.zygote`. The zygote imports torch,
 torch._dynamo, torch.profiler, `rewards.verify.candidate` and `rewards.timing.profile_child` once, without
@@ -20,7 +20,7 @@ How it is used (trusted side, `rewards.verify.verifier.CandidateProcess` with `l
                      env=env, log_fd=log.fileno(), pass_fds=(5, 8))   # Popen-like: pid, poll, wait
     os.killpg(process.pid, signal.SIGKILL); process.wait()
 A zygote that died or was killed is restarted at the next `launch`; if it cannot be (re)started,
-`launch` raises ZygoteError and the caller spawns the child as before. `spared_pids()` lists the
+`launch` raises ZygoteError and the caller spawns the child instead. `spared_pids()` lists the
 live zygote so the sandboxed worker's stray reaper leaves it alone.
 """
 

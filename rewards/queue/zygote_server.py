@@ -1,4 +1,4 @@
-"""The zygote process itself: pre-load, then fork one child per request (issue 3).
+"""The zygote process itself: pre-load, then fork one child per request.
 
 What it is: the process side of rewards.queue.zygote, started by `Zygote.start` as
 `python -P -s -m rewards.queue.zygote --socket-fd N --parent-pid P` (that module's `__main__` hands over

@@ -6,7 +6,9 @@ keeping every offset, so a rule never fires on a comment and every finding has i
 headers against the allow-lists, torch/ATen/c10 names (bindings may allocate and read metadata
 only), tensor methods and arithmetic on Tensor variables, threads/processes/files, try/catch,
 side streams, static tensors, namespace tricks, cuBLAS/cuDNN beyond GEMM/convolution, extern "C"
-launchers, and kernel launches (a workspace that launches nothing is a decoy).
+launchers, and kernel launches (a workspace that launches nothing is a decoy). A denied header
+that nothing in the sources uses is a note. Torch doing part of the work in a binding carries
+`details["partial"]` (a hack under the paper's rules, a note under KernelBench's).
 
 What it is not: a C++ parser. Typing is by declaration (`torch::Tensor x`, `auto y =
 torch::empty...`); the GPU audit has the last word. Tables live in `rewards.static.policy`.
@@ -20,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 
 from rewards.static import policy as P
-from rewards.verdict import Finding
+from rewards.verdict import PARTIAL, Finding
 from rewards.verdict import HackCategory as H
 
 CUDA_SUFFIXES = frozenset({".cu", ".cuh"})  # device code: pure CUDA, no torch headers
@@ -48,6 +50,7 @@ _C_TYPES = frozenset(
     "float2 float4 int2 int4 Tensor".split()
 )
 _FORBIDDEN = [(re.compile(p, re.M), c, why) for p, c, why in P.CPP_FORBIDDEN]
+_HEADER_USES = {header: re.compile(p) for header, p in P.HEADER_USES.items()}
 
 
 def _suffix(path: str) -> str:
@@ -134,6 +137,9 @@ class _Unit:
     def line(self, offset: int) -> int:
         return bisect.bisect_left(self._newlines, offset) + 1
 
+    def torch_work(self, offset: int, what: str, message: str) -> None:
+        self.flag(offset, H.TORCH_COMPUTE, message, **{PARTIAL: what})
+
     def flag(
         self, offset: int, category: H, message: str, *, blocking: bool = True, **details
     ) -> None:
@@ -156,8 +162,9 @@ class _Unit:
 def check_kernels(files: Mapping[str, str]) -> list[Finding]:
     """Findings for kernels/*.cu, *.cuh and the host files (bindings, cuBLAS/cuDNN glue)."""
     units = [_Unit(path, text) for path, text in sorted(files.items())]
+    everything = _INCLUDE.sub("", "\n".join(u.code for u in units))  # an include is not a use
     for unit in units:
-        check_unit(unit)
+        check_unit(unit, everything)
     findings = [f for u in units for f in u.findings]
     return findings + _check_launches(units)
 
@@ -169,11 +176,16 @@ def check_cpp(source: str, *, file: str) -> list[Finding]:
     return unit.findings
 
 
-def check_unit(unit: _Unit) -> None:
-    _check_includes(unit)
+def check_unit(unit: _Unit, everything: str | None = None) -> None:
+    """`everything`: the code of all the workspace's sources, where an include's use is sought."""
+    _check_includes(unit, _INCLUDE.sub("", unit.code) if everything is None else everything)
     for pattern, category, why in _FORBIDDEN:
         for m in pattern.finditer(unit.code):
-            unit.flag(m.start(), category, f"`{_squash(m.group(0))}`: {why}")
+            # Torch calls an alias hides are torch doing part of the work, which KernelBench's
+            # rules allow (the dispatch audit still sees each of them).
+            hides_torch = category is H.OBFUSCATION and "include" not in m.group(0)
+            extra = {PARTIAL: "calls a torch namespace alias hides"} if hides_torch else {}
+            unit.flag(m.start(), category, f"`{_squash(m.group(0))}`: {why}", **extra)
     _check_torch_names(unit)
     if not unit.is_cuda:
         _check_tensor_vars(unit)
@@ -186,13 +198,15 @@ def _squash(text: str) -> str:
     return " ".join(text.split())
 
 
-def _check_includes(unit: _Unit) -> None:
+def _check_includes(unit: _Unit, everything: str) -> None:
     for m in _INCLUDE.finditer(unit.with_strings):
         quote, header = m.group(1), m.group(2).strip()
         verdict = _classify_header(header, quote, unit.is_cuda)
         if verdict is None:
             continue
         category, why, blocking = verdict
+        if blocking and _unused(header, everything):
+            why, blocking = f"{why}; included but nothing it declares is used", False
         details = {"header": header}
         if header in P.VENDOR_HEADERS:
             details |= _vendor_details(unit, P.VENDOR_HEADERS[header])
@@ -204,6 +218,14 @@ def _vendor_details(unit: _Unit, library: str) -> dict[str, str]:
     prefix = "cudnn" if library == "cudnn" else "cublas"
     calls = sorted(set(re.findall(rf"\b({prefix}\w+)\s*\(", unit.code)))
     return {"library": library, "calls": ",".join(calls)}
+
+
+def _unused(header: str, everything: str) -> bool:
+    """A denied header whose uses we know how to see, and none of them is in the sources."""
+    for key, uses in _HEADER_USES.items():
+        if header == key or header.startswith(key):
+            return uses.search(everything) is None
+    return False
 
 
 def _classify_header(header: str, quote: str, is_cuda: bool) -> tuple[H, str, bool] | None:
@@ -262,9 +284,9 @@ def _check_torch_names(unit: _Unit) -> None:
                 unit.flag(m.start(), category, f"{name}: {why}")
                 break
         else:
-            unit.flag(
+            unit.torch_work(
                 m.start(),
-                H.TORCH_COMPUTE,
+                name,
                 f"{name}: a torch/ATen op does the work; bindings may "
                 "only allocate (torch::empty*) and read metadata",
             )
@@ -290,11 +312,19 @@ def _check_tensor_vars(unit: _Unit) -> None:
     alt = "|".join(sorted(map(re.escape, names)))
     for m in re.finditer(rf"\b({alt})\s*(?:\.|->)\s*([A-Za-z_]\w*)", unit.code):
         if m.group(2) not in P.CPP_TENSOR_METHODS:
-            unit.flag(
+            unit.torch_work(
                 m.start(),
-                H.TORCH_COMPUTE,
+                f".{m.group(2)}()",
                 f"{m.group(1)}.{m.group(2)}(): a torch op on a tensor; "
                 "bindings may only read metadata and pass pointers",
+            )
+    for m in re.finditer(rf"\b({alt})\s*\.\s*type\s*\(\s*\)\s*\.\s*([A-Za-z_]\w*)", unit.code):
+        if m.group(2) not in P.CPP_TYPE_PROPERTIES:
+            unit.torch_work(
+                m.start(),
+                f".type().{m.group(2)}()",
+                f"{m.group(1)}.type().{m.group(2)}(): a torch op through the tensor's type; "
+                "type() may only pick a dtype dispatch",
             )
     arithmetic = (
         rf"(?<![\w.>:])({alt})\s*[-+*/%]=?(?![->+=])"  # t * 2, t + u, t -= u (not t->, t++)
@@ -304,11 +334,11 @@ def _check_tensor_vars(unit: _Unit) -> None:
         if m.group(1) is None and _declarator(m.group(2), m.group(3)):
             continue
         name = m.group(1) or m.group(4)
-        unit.flag(m.start(), H.TORCH_COMPUTE, f"arithmetic on tensor {name} runs a torch kernel")
+        unit.torch_work(m.start(), "tensor arithmetic", f"arithmetic on tensor {name} runs a torch kernel")
     for m in re.finditer(rf"\b({alt})\s*\[[^\]]*\]\s*=(?!=)", unit.code):
-        unit.flag(
+        unit.torch_work(
             m.start(),
-            H.TORCH_COMPUTE,
+            "an indexed tensor copy",
             f"indexed assignment into tensor {m.group(1)} runs a torch copy",
         )
 

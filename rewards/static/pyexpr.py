@@ -4,6 +4,7 @@ A mixin of `rewards.static.python._Checker` (which owns the walk, the context an
 torch name is judged by `rewards.static.policy` (prefix rules first, then the allow-list; in
 `__init__` anything that creates parameters is fine), a method call by its receiver (self,
 a torch submodule, a tensor, a plain Python value), an operator by the types of its operands.
+Torch doing part of the work is flagged through `torch_work`, which names what torch does.
 """
 
 from __future__ import annotations
@@ -23,9 +24,22 @@ class ExpressionChecks(TensorTyping):
     tensor_params: dict[str, set[str]]
     calls_extension: bool
     module_vars: set[str]  # loop variables over self.X holding local modules
+    autograd_ctx: str | None  # the ctx argument of an autograd function's forward
+    rebound: dict[str, int]  # parameter -> first line a plain assignment rebinds it
 
-    def flag(self, node: ast.AST, category: H, message: str) -> None:
+    def flag(self, node: ast.AST, category: H, message: str, partial: str = "") -> None:
         raise NotImplementedError
+
+    def is_input(self, name: str, node: ast.AST) -> bool:
+        """`name` is a parameter not rebound on an earlier line (`x = conv(x); x += y` adds to a
+        new tensor). Line order stands in for flow; the GPU side fingerprints the inputs."""
+        first = self.rebound.get(name)
+        return name in self.params and (first is None or first >= getattr(node, "lineno", 0))
+
+    def torch_work(self, node: ast.AST, what: str, message: str) -> None:
+        """Torch doing part of the work: a hack under the paper's rules, "partial" under
+        KernelBench's (`rewards.verdict.apply_rules`)."""
+        self.flag(node, H.TORCH_COMPUTE, message, partial=what)
 
     def visit_Name(self, node: ast.Name) -> None:
         if not isinstance(node.ctx, ast.Load):
@@ -55,10 +69,17 @@ class ExpressionChecks(TensorTyping):
         top = q.split(".")[0]
         if top == "cuda_extension":
             self.calls_extension |= self.ctx is Ctx.RUNTIME
+        elif q in P.STDLIB_DENIED:
+            self._check_stdlib_name(node, q)
         elif top == "model":
             self.flag(node, H.INHERITS_REFERENCE, f"uses {q} from the reference model")
         elif top == "torch":
             self._check_torch(node, q)
+
+    def _check_stdlib_name(self, node: ast.AST, q: str) -> None:
+        if q in P.STDLIB_DENIED:
+            category, why = P.STDLIB_DENIED[q]
+            self.flag(node, category, f"{q}: {why}")
 
     def _check_torch(self, node: ast.AST, q: str) -> None:
         for prefix, category, why in P.TORCH_PREFIX_RULES:
@@ -80,9 +101,9 @@ class ExpressionChecks(TensorTyping):
         else:
             why = "a torch op"
         where = self.func if self.ctx is Ctx.RUNTIME else "module-level code"
-        self.flag(
+        self.torch_work(
             node,
-            H.TORCH_COMPUTE,
+            q,
             f"{q} in {where}: {why}; only allocation "
             "(torch.empty*, torch.zeros*), metadata and cuda_extension calls are allowed",
         )
@@ -96,12 +117,25 @@ class ExpressionChecks(TensorTyping):
             and qualname(func, self.facts.aliases, self.self_aliases()) is None
         ):
             self._check_method(node, func.value, func.attr)
+        if self._is_type_test(node):  # isinstance(m, nn.Linear): the types are named, not called
+            self.visit(func)
+            self.visit(node.args[0])
+            return
         self.generic_visit(node)
+
+    def _is_type_test(self, node: ast.Call) -> bool:
+        if not (isinstance(node.func, ast.Name) and node.func.id in P.TYPE_TESTS and len(node.args) == 2):
+            return False
+        types = node.args[1]
+        names = types.elts if isinstance(types, ast.Tuple) else [types]
+        return not node.keywords and all(isinstance(n, (ast.Name, ast.Attribute)) for n in names)
 
     def _check_named_call(self, node: ast.Call, name: str) -> None:
         tensor_args = [a for a in node.args if self.is_tensor(a)]
         if name in self.facts.functions:
             self._note_call(name, self.facts.functions[name], node, is_method=False)
+        elif name in self.facts.apply_aliases and name not in self.locals:
+            self._note_apply(node, self.facts.apply_aliases[name])
         elif name in ("setattr", "delattr") and node.args:
             target = node.args[0]
             if isinstance(target, ast.Name) and target.id == "self":
@@ -121,22 +155,23 @@ class ExpressionChecks(TensorTyping):
             self._check_print(node)
         elif self.ctx is not Ctx.INIT and tensor_args:
             if name in P.BUILTINS_ON_TENSORS:
-                self.flag(node, H.TORCH_COMPUTE, f"{name}() on a tensor runs a torch op")
+                self.torch_work(node, f"{name}()", f"{name}() on a tensor runs a torch op")
             elif (
                 name not in BUILTIN_NAMES
                 and name not in self.module_vars
                 and name not in self.facts.classes
                 and name not in self.facts.aliases
             ):
-                self.flag(
+                self.torch_work(
                     node,
-                    H.TORCH_COMPUTE,
+                    f"{name}(...)",
                     f"{name}(...) on tensors: only cuda_extension functions may compute",
                 )
 
     def _check_getattr(self, node: ast.Call) -> None:
         obj, attr = node.args[0], node.args[1]
-        if not (isinstance(attr, ast.Constant) and isinstance(attr.value, str)):
+        own = isinstance(obj, ast.Name) and obj.id == "self" and _plain_prefix(attr)
+        if not (isinstance(attr, ast.Constant) and isinstance(attr.value, str)) and not own:
             self.flag(node, H.OBFUSCATION, "getattr with a computed name hides what is called")
             return
         q = qualname(obj, self.facts.aliases, {})
@@ -170,10 +205,17 @@ class ExpressionChecks(TensorTyping):
         if isinstance(recv, ast.Name) and recv.id == "self" and self.cls is not None:
             self._check_self_method(node, method)
             return
+        if isinstance(recv, ast.Name) and method == "apply" and self._autograd_class(recv.id):
+            self._note_apply(node, recv.id)
+            return
+        if isinstance(recv, ast.Name) and recv.id == self.autograd_ctx and method in P.AUTOGRAD_CTX_METHODS:
+            return
         if (
             self.ctx is Ctx.INIT
             or method in P.TENSOR_VIEW_METHODS
             or method in P.TENSOR_METADATA_METHODS
+            or method in P.TENSOR_CONVERSION_METHODS
+            or (method == "type" and not node.args and not node.keywords)
         ):
             return
         if (
@@ -195,28 +237,36 @@ class ExpressionChecks(TensorTyping):
             and self.cls
             and recv.attr in self.cls.torch_modules
         ):
-            self.flag(
-                node, H.TORCH_COMPUTE, f"self.{recv.attr}.{method}(): a torch module does the work"
+            self.torch_work(
+                node, f"self.{recv.attr}.{method}()", f"self.{recv.attr}.{method}(): a torch module does the work"
             )
         elif method in P.MUTATING_METHODS and is_state and self.ctx is Ctx.RUNTIME:
             self.flag(
                 node, H.OUTPUT_CACHING, f"{ast.unparse(recv)}.{method}() keeps state across calls"
             )
         elif self.is_tensor(recv):
-            if method.endswith("_") and root in self.params:
+            if method.endswith("_") and root is not None and self.is_input(root, node):
                 self.flag(node, H.INPUT_MUTATION, f".{method}() writes into the input {root}")
             else:
-                self.flag(
+                self.torch_work(
                     node,
-                    H.TORCH_COMPUTE,
+                    f".{method}()",
                     f".{method}() on a tensor runs a torch op; only views and metadata are allowed",
                 )
         elif method not in P.PY_VALUE_METHODS:
-            self.flag(
-                node,
-                H.TORCH_COMPUTE,
-                f".{method}() on a value that may be a tensor runs a torch op",
+            self.torch_work(
+                node, f".{method}()", f".{method}() on a value that may be a tensor runs a torch op"
             )
+
+    def _autograd_class(self, name: str) -> bool:
+        cls = self.facts.classes.get(name) if name not in self.locals else None
+        return cls is not None and cls.autograd
+
+    def _note_apply(self, node: ast.Call, cls_name: str) -> None:
+        """`Fn.apply(...)` of a local autograd function: a call of its forward (after ctx)."""
+        forward = self.facts.classes[cls_name].methods.get("forward")
+        if forward is not None:
+            self._note_call(f"{cls_name}.forward", forward, node, is_method=True)
 
     def _check_self_method(self, node: ast.Call, method: str) -> None:
         cls = self.cls
@@ -225,9 +275,9 @@ class ExpressionChecks(TensorTyping):
         elif self.ctx is not Ctx.RUNTIME or method in cls.local_modules:
             return  # a local module's forward is checked on its own
         elif method in cls.torch_modules:
-            self.flag(
+            self.torch_work(
                 node,
-                H.TORCH_COMPUTE,
+                f"self.{method}(...)",
                 f"self.{method}(...) calls a torch module: it does the work, not your kernel",
             )
         elif method in ("register_buffer", "register_parameter"):
@@ -235,19 +285,19 @@ class ExpressionChecks(TensorTyping):
                 node, H.OUTPUT_CACHING, f"self.{method}() in {self.func}: state kept across calls"
             )
         elif method not in P.MODULE_METHODS_OK and method not in cls.aliases:
-            self.flag(
-                node, H.TORCH_COMPUTE, f"self.{method}() in {self.func} runs nn.Module machinery"
+            self.torch_work(
+                node, f"self.{method}()", f"self.{method}() in {self.func} runs nn.Module machinery"
             )
 
     def visit_BinOp(self, node: ast.BinOp) -> None:
         if self.ctx is not Ctx.INIT:
             if isinstance(node.op, ast.MatMult):
-                self.flag(node, H.TORCH_COMPUTE, "the @ operator runs a torch matmul")
+                self.torch_work(node, "a matmul (@)", "the @ operator runs a torch matmul")
             elif self.is_tensor(node.left) or self.is_tensor(node.right):
                 op = type(node.op).__name__
-                self.flag(
+                self.torch_work(
                     node,
-                    H.TORCH_COMPUTE,
+                    f"tensor arithmetic ({op})",
                     f"tensor arithmetic ({op}) runs a torch kernel; fuse it into yours",
                 )
         self.generic_visit(node)
@@ -258,9 +308,9 @@ class ExpressionChecks(TensorTyping):
             and not isinstance(node.op, ast.Not)
             and self.is_tensor(node.operand)
         ):
-            self.flag(
+            self.torch_work(
                 node,
-                H.TORCH_COMPUTE,
+                f"unary {type(node.op).__name__}",
                 f"unary {type(node.op).__name__} on a tensor runs a torch kernel",
             )
         self.generic_visit(node)
@@ -272,13 +322,26 @@ class ExpressionChecks(TensorTyping):
             and not identity
             and any(map(self.is_tensor, [node.left, *node.comparators]))
         ):
-            self.flag(node, H.TORCH_COMPUTE, "comparison on tensors runs a torch kernel")
+            self.torch_work(node, "a tensor comparison", "comparison on tensors runs a torch kernel")
         self.generic_visit(node)
 
     def visit_Subscript(self, node: ast.Subscript) -> None:
         if self.ctx is not Ctx.INIT and self.is_tensor(node.value):
             if any(isinstance(n, ast.Name) and self.is_tensor(n) for n in ast.walk(node.slice)):
-                self.flag(
-                    node, H.TORCH_COMPUTE, "indexing a tensor with a tensor runs a torch gather"
+                self.torch_work(
+                    node, "a gather (tensor index)", "indexing a tensor with a tensor runs a torch gather"
                 )
         self.generic_visit(node)
+
+
+def _plain_prefix(attr: ast.expr) -> bool:
+    """`f"weight_l{i}"` or `"weight_" + str(i)`: a computed name of the module's own attributes,
+    with a literal prefix that no dunder or private name starts with."""
+    if isinstance(attr, ast.JoinedStr) and attr.values:
+        head = attr.values[0]
+    elif isinstance(attr, ast.BinOp) and isinstance(attr.op, ast.Add):
+        head = attr.left
+    else:
+        return False
+    text = head.value if isinstance(head, ast.Constant) and isinstance(head.value, str) else ""
+    return bool(text) and (text[0].isalpha()) and text.replace("_", "a").isalnum()

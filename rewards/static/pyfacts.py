@@ -1,11 +1,15 @@
 """What the model_new.py checker knows before and during its walk: facts and expression types.
 
-`collect_facts` gathers import aliases (`F` -> torch.nn.functional), each class's parameters,
-buffers and torch submodules from its `__init__`, module-level names, and from the trusted
-reference its literal globals and whether it computes in low precision. `TensorTyping` decides
-whether an expression is a tensor (forward's arguments, parameters, allocations, cuda_extension
-results, views of tensors) or a scalar (`.shape`, `.size()`, `.numel()`): arithmetic on the first
-is torch compute, on the second launch-configuration maths. Used only by `rewards.static.python`.
+`collect_facts` gathers import aliases (`F` -> torch.nn.functional; `ext = cuda_extension` too),
+each class's parameters, buffers and torch submodules from its `__init__` and the helpers only
+`__init__` calls (`rewards.static.pyscope.init_only`: `reset_parameters`, `_make_layer`, block
+builders), module-level names and constants, the names live code reads, copies of the task's
+functions that nothing calls, custom autograd functions, and from the trusted reference its
+constant globals, the state its forward keeps on self and whether it computes in low precision.
+`TensorTyping` decides whether an expression is a tensor (forward's arguments, parameters,
+allocations, cuda_extension results, views of tensors) or a scalar (`.shape`, `.size()`,
+`.numel()`): arithmetic on the first is torch compute, on the second launch-configuration maths.
+Used only by `rewards.static.python`.
 """
 
 from __future__ import annotations
@@ -17,6 +21,13 @@ import re
 from dataclasses import dataclass, field
 
 from rewards.static import policy as P
+from rewards.static.pyscope import (
+    Scope,
+    dead_task_copies,
+    init_only,
+    loaded_names,
+    module_constants,
+)
 
 _ALLOC = frozenset(
     {"torch.empty", "torch.empty_like", "torch.empty_strided", "torch.zeros", "torch.zeros_like"}
@@ -48,6 +59,7 @@ class ClassFacts:
     tensors: set[str] = field(default_factory=set)  # parameters and buffers
     local_modules: set[str] = field(default_factory=set)  # self.X = Block() (checked itself)
     aliases: dict[str, str] = field(default_factory=dict)  # self.X = cuda_extension
+    autograd: bool = False  # subclasses torch.autograd.Function
 
 
 @dataclass
@@ -60,6 +72,19 @@ class ModuleFacts:
     module_names: set[str]
     low_precision_ok: bool
     reference_globals: dict[str, object]
+    init_only: set[str] = field(default_factory=set)
+    """Function keys ("Cls.method", "func") reached only from a class's __init__."""
+    dead_task_copies: set[str] = field(default_factory=set)
+    """Module-level get_inputs / get_init_inputs that nothing in the file refers to."""
+    apply_aliases: dict[str, str] = field(default_factory=dict)
+    """Module-level `name = Fn.apply` of a local autograd function -> "Fn"."""
+    loaded_names: set[str] = field(default_factory=set)
+    """Names read anywhere except inside dead task copies: a name not here is never used."""
+    module_constants: dict[str, object] = field(default_factory=dict)
+    """Module-level names bound to constants (numbers, strings, tuples and arithmetic on them)."""
+    reference_state: set[str] = field(default_factory=set)
+    """Attributes the reference Model's own forward assigns on self (an RNN's hidden state): the
+    task keeps them across calls, so a correct candidate must too."""
 
 
 def collect_facts(tree: ast.Module, reference: str | None) -> ModuleFacts:
@@ -73,19 +98,53 @@ def collect_facts(tree: ast.Module, reference: str | None) -> ModuleFacts:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             for a in node.names:
                 aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+    aliases |= _extension_aliases(tree, aliases)
     facts = ModuleFacts(aliases, {}, {}, set(), False, {})
     local = {s.name for s in tree.body if isinstance(s, ast.ClassDef)}
     for stmt in tree.body:
         if isinstance(stmt, ast.ClassDef):
-            facts.classes[stmt.name] = _class_facts(stmt, facts, local)
+            facts.classes[stmt.name] = ClassFacts(stmt.name, stmt, _methods(stmt))
         elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
             facts.functions[stmt.name] = stmt
         for t in _assigned(stmt):
             facts.module_names.add(t)
+    scope = Scope(facts.functions, {name: info.methods for name, info in facts.classes.items()})
+    facts.init_only = init_only(tree, scope)
+    facts.dead_task_copies = dead_task_copies(tree, scope)
+    facts.loaded_names = loaded_names(tree, facts.dead_task_copies)
+    facts.module_constants = module_constants(tree)
+    for info in facts.classes.values():
+        info.autograd = _is_autograd(info, facts)
+        _bind_attrs(info, facts, local)
+    facts.apply_aliases = {
+        t: v.value.id
+        for stmt in tree.body
+        if isinstance(stmt, ast.Assign) and isinstance(v := stmt.value, ast.Attribute) and v.attr == "apply"
+        and isinstance(v.value, ast.Name) and v.value.id in facts.classes
+        for t in _assigned(stmt)
+    }
     if reference is not None:
         facts.low_precision_ok = bool(_LOW_PRECISION.search(reference))
         facts.reference_globals = _literal_globals(reference)
+        facts.reference_state = _reference_state(reference)
     return facts
+
+
+def _extension_aliases(tree: ast.Module, aliases: dict[str, str]) -> dict[str, str]:
+    """`ext = cuda_extension` (or one of its submodules) at module level, also inside a `try` or
+    an `if` (a single-file solution's rewritten `ext = load_inline(...)` guarded by try/except)."""
+    out: dict[str, str] = {}
+    todo = list(tree.body)
+    while todo:
+        stmt = todo.pop()
+        if isinstance(stmt, (ast.Try, ast.If, ast.With)):
+            todo += stmt.body + getattr(stmt, "orelse", []) + getattr(stmt, "finalbody", [])
+            todo += [s for h in getattr(stmt, "handlers", []) for s in h.body]
+        elif isinstance(stmt, ast.Assign):
+            q = qualname(stmt.value, aliases, {})
+            if q is not None and q.split(".")[0] == "cuda_extension":
+                out |= {t.id: q for t in stmt.targets if isinstance(t, ast.Name)}
+    return out
 
 
 def _assigned(stmt: ast.stmt) -> list[str]:
@@ -98,47 +157,100 @@ def _literal_globals(reference: str) -> dict[str, object]:
         tree = ast.parse(reference)
     except SyntaxError:
         return {}
-    out = {}
-    for stmt in tree.body:
-        if (
-            isinstance(stmt, ast.Assign)
-            and len(stmt.targets) == 1
-            and isinstance(stmt.targets[0], ast.Name)
-        ):
-            try:
-                out[stmt.targets[0].id] = ast.literal_eval(stmt.value)
-            except ValueError:
-                pass
-    return out
+    return module_constants(tree)
 
 
-def _class_facts(cls: ast.ClassDef, facts: ModuleFacts, local: set[str]) -> ClassFacts:
-    info = ClassFacts(cls.name, cls)
-    info.methods = {
-        s.name: s for s in cls.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
-    }
-    init = info.methods.get("__init__")
-    for node in ast.walk(init) if init else ():
-        if isinstance(node, ast.Assign):
-            for t in node.targets:
-                if (
-                    isinstance(t, ast.Attribute)
-                    and isinstance(t.value, ast.Name)
-                    and t.value.id == "self"
-                ):
-                    _record_attr(info, t.attr, node.value, facts, local)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            if node.func.attr in ("register_buffer", "register_parameter") and node.args:
-                if isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
-                    info.tensors.add(node.args[0].value)
-    return info
+def _reference_state(reference: str) -> set[str]:
+    try:
+        tree = ast.parse(reference)
+    except SyntaxError:
+        return set()
+    model = next((s for s in tree.body if isinstance(s, ast.ClassDef) and s.name == "Model"), None)
+    methods = _methods(model) if model is not None else {}
+    if "forward" not in methods:
+        return set()
+    stores = [t for n in ast.walk(methods["forward"]) if isinstance(n, ast.Assign) for t in n.targets]
+    return {t.attr for t in stores if isinstance(t, ast.Attribute) and root_name(t) == "self"}
+
+
+def _methods(cls: ast.ClassDef) -> dict[str, ast.FunctionDef]:
+    return {s.name: s for s in cls.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def _is_autograd(info: ClassFacts, facts: ModuleFacts, depth: int = 0) -> bool:
+    for base in info.node.bases if info.node is not None else ():
+        if qualname(base, facts.aliases, {}) == "torch.autograd.Function":
+            return True
+        parent = facts.classes.get(base.id) if isinstance(base, ast.Name) else None
+        if parent is not None and parent is not info and depth < 5 and _is_autograd(parent, facts, depth + 1):
+            return True
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# What a class binds on self while it is built.
+
+
+def _bind_attrs(info: ClassFacts, facts: ModuleFacts, local: set[str]) -> None:
+    """Parameters, buffers and submodules bound in __init__ and in the helpers only it calls."""
+    builders = [fn for name, fn in info.methods.items() if name == "__init__" or f"{info.name}.{name}" in facts.init_only]
+    for fn in builders:
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Assign):
+                for t in node.targets:
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                        _record_attr(info, t.attr, node.value, facts, local, fn)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                if node.func.attr in ("register_buffer", "register_parameter") and node.args:
+                    if isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                        info.tensors.add(node.args[0].value)
+
+
+def _helper_returns(value: ast.expr, info: ClassFacts, facts: ModuleFacts) -> ast.FunctionDef | None:
+    """The init-only helper that `value` (`self._make_layer(...)`, `block(...)`) calls, if any."""
+    if not isinstance(value, ast.Call):
+        return None
+    func = value.func
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
+        key = f"{info.name}.{func.attr}"
+        return info.methods.get(func.attr) if key in facts.init_only else None
+    if isinstance(func, ast.Name) and func.id in facts.init_only:
+        return facts.functions.get(func.id)
+    return None
+
+
+def _built_by_helper(
+    value: ast.expr, info: ClassFacts, facts: ModuleFacts, local: set[str], depth: int = 0
+) -> str | None:
+    """"local" or "torch" when `value` calls an init-only helper returning such a module (through
+    other helpers too), "" for a helper returning something else, None when it calls none."""
+    helper = _helper_returns(value, info, facts)
+    if helper is None or depth > 4:
+        return None
+    kinds = set()
+    for r in (n.value for n in ast.walk(helper) if isinstance(n, ast.Return) and n.value is not None):
+        rq = qualname(r.func if isinstance(r, ast.Call) else r, facts.aliases, {})
+        if _builds_local_module(r, rq, facts, local, helper):
+            kinds.add("local")
+        elif (rq or "").startswith("torch.nn.") or _bound_to_torch_module(r, helper, facts):
+            kinds.add("torch")
+        else:
+            kinds.add(_built_by_helper(r, info, facts, local, depth + 1) or "")
+    return "torch" if "torch" in kinds else "local" if kinds == {"local"} else ""
 
 
 def _record_attr(
-    info: ClassFacts, attr: str, value: ast.expr, facts: ModuleFacts, local: set[str]
+    info: ClassFacts, attr: str, value: ast.expr, facts: ModuleFacts, local: set[str], scope: ast.AST
 ) -> None:
+    kind = _built_by_helper(value, info, facts, local)
+    if kind == "local":
+        info.local_modules.add(attr)
+    elif kind == "torch":
+        info.torch_modules.add(attr)
+    if kind is not None:
+        return
     q = qualname(value.func if isinstance(value, ast.Call) else value, facts.aliases, {})
-    if _builds_local_module(value, q, facts, local):
+    if _builds_local_module(value, q, facts, local, scope):
         info.local_modules.add(attr)
         return
     if q is None:
@@ -153,19 +265,61 @@ def _record_attr(
 
 
 def _builds_local_module(
-    value: ast.expr, q: str | None, facts: ModuleFacts, local: set[str]
+    value: ast.expr, q: str | None, facts: ModuleFacts, local: set[str], scope: ast.AST | None = None
 ) -> bool:
-    """`Block(...)`, or a ModuleList/Sequential whose modules are all local classes."""
+    """`Block(...)`, or a ModuleList/Sequential whose modules are all local classes (also when
+    they reach it through a list built in `scope`: `layers.append(Block(...))`, `*layers`)."""
+    if isinstance(value, ast.Name) and scope is not None:
+        bound = [v for v in _bound_values(value.id, scope) if not isinstance(v, ast.Name)]
+        return bool(bound) and all(_builds_local_module(v, None, facts, local, scope) for v in bound)
     if not isinstance(value, ast.Call):
         return False
     if isinstance(value.func, ast.Name) and value.func.id in local:
         return True
-    if q not in _CONTAINERS:
+    if (q or qualname(value.func, facts.aliases, {})) not in _CONTAINERS:
         return False
-    calls = [n for a in value.args for n in ast.walk(a) if isinstance(n, ast.Call)]
+    calls = _calls_through(value.args, scope)
     built = [qualname(c.func, facts.aliases, {}) or "" for c in calls]
     uses_local = any(isinstance(c.func, ast.Name) and c.func.id in local for c in calls)
     return uses_local and not any(b.startswith("torch.nn.") for b in built)
+
+
+def _bound_values(name: str, scope: ast.AST) -> list[ast.expr]:
+    """What `name` is bound to in `scope`: assignments, and items appended or extended onto it."""
+    out: list[ast.expr] = []
+    for node in ast.walk(scope):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AugAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            out.append(node.value)
+        elif (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("append", "extend", "add_module", "insert")
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == name
+        ):
+            out += node.args
+    return out
+
+
+def _calls_through(args: list[ast.expr], scope: ast.AST | None) -> list[ast.Call]:
+    """The calls inside `args`, following names (and `*names`) to what `scope` binds them to."""
+    calls, seen, todo = [], set(), list(args)
+    while todo:
+        expr = todo.pop()
+        for n in ast.walk(expr):
+            if isinstance(n, ast.Call):
+                calls.append(n)
+            elif isinstance(n, ast.Name) and scope is not None and n.id not in seen:
+                seen.add(n.id)
+                todo += _bound_values(n.id, scope)
+    return calls
+
+
+def _bound_to_torch_module(value: ast.expr, scope: ast.AST, facts: ModuleFacts) -> bool:
+    values = _bound_values(value.id, scope) if isinstance(value, ast.Name) else []
+    return any(
+        isinstance(v, ast.Call) and (qualname(v.func, facts.aliases, {}) or "").startswith("torch.nn.")
+        for v in values
+    )
 
 
 def qualname(node: ast.expr, aliases: dict[str, str], self_aliases: dict[str, str]) -> str | None:
@@ -236,8 +390,8 @@ class TensorTyping:
                 or (q.startswith("torch.") and q not in P.TORCH_ALLOWED)
             )
         if isinstance(e.func, ast.Attribute):
-            if e.func.attr in P.TENSOR_METADATA_METHODS:
-                return False
+            if e.func.attr in P.TENSOR_METADATA_METHODS or (e.func.attr == "type" and not e.args and not e.keywords):
+                return False  # `.type()` without arguments is the type's name
             if self.is_tensor(e.func.value):
                 return True
         return any(self.is_tensor(a) for a in e.args) and not (

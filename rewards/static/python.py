@@ -1,8 +1,8 @@
 """Static checks of a candidate's model_new.py, written with `ast`.
 
-`check_model_new(source, file=..., reference=...) -> list[Finding]` flags what REFERENCE.md
-section 3 says static analysis can see: torch doing the work in forward (torch.*, F.*, tensor
-methods, tensor arithmetic, the `@` operator, torch.nn modules called), the reference Model,
+`check_model_new(source, file=..., reference=...) -> list[Finding]` flags the hacks of
+rewards/README.md that static analysis can see: torch doing the work in forward (torch.*, F.*,
+tensor methods, tensor arithmetic, the `@` operator, torch.nn modules called), the reference Model,
 try/except fallbacks, threads and processes, state kept across calls, global flags, side streams,
 precision casts, tensor subclasses, monkey-patching, obfuscation (exec/eval/getattr) and
 redefinitions of the task's inputs. What is allowed lives in `rewards.static.policy`.
@@ -11,12 +11,19 @@ It is not a proof: the dynamic audit (dispatch-level op trace, launch counts, fr
 the backstop. To keep honest code clean the checker types expressions as tensor or scalar:
 forward's arguments, parameters and buffers, allocations and `cuda_extension` results are
 tensors; `.shape`, `.size()`, `.numel()` are scalars. Helpers get tensor-typed parameters from
-their call sites (a small fixpoint). `__init__` may create parameters with torch like Model does.
+their call sites (a small fixpoint). `__init__`, and the helpers only `__init__` calls, may create
+parameters and modules with torch like Model does; so may a custom autograd function's backward,
+which never runs while forward is evaluated, and a copy of get_inputs that nothing calls.
+
+Findings of torch doing part of the work carry `details["partial"]` (what torch does): blocking
+under the paper's rules, notes under KernelBench's (`rewards.verdict.apply_rules`). The walk
+itself is the same under both rule sets.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 
 from rewards.static import policy as P
 from rewards.static.pyexpr import ExpressionChecks
@@ -29,7 +36,8 @@ from rewards.static.pyfacts import (
     qualname,
     root_name,
 )
-from rewards.verdict import Finding
+from rewards.static.pyscope import constant_value, only_called, rebound
+from rewards.verdict import PARTIAL, Finding
 from rewards.verdict import HackCategory as H
 
 
@@ -68,6 +76,9 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
         self.tensor_params: dict[str, set[str]] = {}  # function key -> tensor-typed parameters
         self.calls_extension = False
         self.module_vars: set[str] = set()
+        self.autograd_ctx: str | None = None  # the ctx argument of an autograd function's forward
+        self.fn_node: ast.FunctionDef | ast.AsyncFunctionDef | None = None  # the function being walked
+        self.rebound: dict[str, int] = {}
 
     def run(self, tree: ast.Module) -> None:
         for _ in range(5):  # typing fixpoint over helper parameters
@@ -79,11 +90,18 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
         self.visit(tree)
         self._check_layout(tree)
 
-    def flag(self, node: ast.AST, category: H, message: str) -> None:
+    def flag(
+        self, node: ast.AST, category: H, message: str, partial: str = "", *, blocking: bool = True
+    ) -> None:
         if not self.report:
             return
         f = Finding(
-            category=category, file=self.file, line=getattr(node, "lineno", 1), message=message
+            category=category,
+            file=self.file,
+            line=getattr(node, "lineno", 1),
+            message=message,
+            blocking=blocking,
+            details={PARTIAL: partial} if partial else {},
         )
         if f not in self.findings:
             self.findings.append(f)
@@ -116,8 +134,10 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
             )
         elif node.module:
             self._check_module(node, node.module)
+            for a in node.names:
+                self._check_stdlib_name(node, f"{node.module}.{a.name}")
 
-    def _check_module(self, node: ast.AST, name: str) -> None:
+    def _check_module(self, node: ast.Import | ast.ImportFrom, name: str) -> None:
         if name in P.ALLOWED_IMPORTS:
             return
         if name.startswith("torch."):
@@ -126,10 +146,14 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
         top = name.split(".")[0]
         if top in P.IMPORT_CATEGORIES:
             category, why = P.IMPORT_CATEGORIES[top]
-            self.flag(node, category, f"import {name}: {why}")
+            message = f"import {name}: {why}"
         else:
-            allowed = ", ".join(sorted(P.ALLOWED_IMPORTS))
-            self.flag(node, H.FORBIDDEN_IMPORT, f"import {name}: not in the allow-list ({allowed})")
+            category = H.FORBIDDEN_IMPORT
+            message = f"import {name}: not in the allow-list ({', '.join(sorted(P.ALLOWED_IMPORTS))})"
+        if top in _STDLIB and top != "model" and not (_bound_names(node) & self.facts.loaded_names):
+            self.flag(node, category, f"{message}; imported but never used", blocking=False)
+        else:
+            self.flag(node, category, message)
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         for base in node.bases:
@@ -164,21 +188,28 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
         return False
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
-        if self.ctx is Ctx.MODULE and self.cls is None and node.name in P.TASK_FUNCTIONS:
+        task_copy = self.ctx is Ctx.MODULE and self.cls is None and node.name in P.TASK_FUNCTIONS
+        if task_copy and node.name not in self.facts.dead_task_copies:
             self.flag(
                 node,
                 H.PROBLEM_SHRINKING,
-                f"defines {node.name}: the harness draws inputs from the task itself",
+                f"defines {node.name} and uses it: the harness draws inputs from the task itself",
             )
         for d in node.decorator_list:
             self.visit(d)
-        saved = (self.ctx, self.func, self.tensors, self.params, self.locals, self.module_vars)
-        self.ctx = Ctx.INIT if node.name == "__init__" and self.cls is not None else Ctx.RUNTIME
+        saved = (self.ctx, self.func, self.tensors, self.params, self.locals, self.module_vars,
+                 self.autograd_ctx, self.fn_node, self.rebound)  # fmt: skip
+        inner_of_init = self.ctx is Ctx.INIT and self.fn_node is not None and only_called(node.name, self.fn_node)
         self.func = self._key(node.name)
+        self.ctx = Ctx.INIT if inner_of_init or self._builds_only(node, task_copy) else Ctx.RUNTIME
+        self.fn_node = node
         names = [a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
+        autograd = self.cls is not None and self.cls.autograd
+        self.autograd_ctx = names[0] if autograd and node.name == "forward" and names else None
         if self.cls is not None and names:
             names = names[1:]
         self.params = set(names)
+        self.rebound = rebound(node, self.params)
         self.module_vars = set()
         self.locals = set(names) | {
             n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
@@ -193,9 +224,27 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
             self.report = report
         for stmt in node.body:
             self.visit(stmt)
-        self.ctx, self.func, self.tensors, self.params, self.locals, self.module_vars = saved
+        (self.ctx, self.func, self.tensors, self.params, self.locals, self.module_vars,
+         self.autograd_ctx, self.fn_node, self.rebound) = saved  # fmt: skip
 
     visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Lambda(self, node: ast.Lambda) -> None:
+        """A lambda made while the model is built is kept to run later (`self.forward = lambda
+        x: ...`): its body is checked as per-call code."""
+        saved = self.ctx
+        self.ctx = Ctx.RUNTIME if self.ctx is Ctx.INIT else self.ctx
+        self.generic_visit(node)
+        self.ctx = saved
+
+    def _builds_only(self, node: ast.FunctionDef | ast.AsyncFunctionDef, task_copy: bool) -> bool:
+        """Code that runs only while the model is built (or never while forward is evaluated):
+        __init__, the helpers only it calls, an autograd function's backward, a dead task copy."""
+        if self.cls is not None and node.name == "__init__":
+            return True
+        if self.cls is not None and self.cls.autograd and node.name in P.AUTOGRAD_GRAD_METHODS:
+            return True
+        return self.func in self.facts.init_only or (task_copy and node.name in self.facts.dead_task_copies)
 
     def _key(self, name: str) -> str:
         return f"{self.cls.name}.{name}" if self.cls is not None else name
@@ -208,12 +257,13 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
 
     # --- statements ----------------------------------------------------------------------------
 
-    def visit_Try(self, node: ast.AST) -> None:
-        self.flag(
-            node,
-            H.FALLBACK_PATH,
-            "try/except is a fallback path: a failing kernel must fail, not fall back",
-        )
+    def visit_Try(self, node: ast.Try) -> None:
+        if not _guards_the_build(node):
+            self.flag(
+                node,
+                H.FALLBACK_PATH,
+                "try/except is a fallback path: a failing kernel must fail, not fall back",
+            )
         self.generic_visit(node)
 
     visit_TryStar = visit_Try
@@ -241,7 +291,7 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         self._check_store(node.target, node)
         if isinstance(node.target, ast.Name) and self.is_tensor(node.target):
-            if node.target.id in self.params:
+            if self.is_input(node.target.id, node):
                 self.flag(
                     node, H.INPUT_MUTATION, f"in-place arithmetic on the input {node.target.id}"
                 )
@@ -250,6 +300,7 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
                     node,
                     H.TORCH_COMPUTE,
                     f"in-place tensor arithmetic on {node.target.id} runs a torch kernel",
+                    partial="in-place tensor arithmetic",
                 )
         self.generic_visit(node)
 
@@ -276,17 +327,17 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
             self.flag(node, category, f"assigns {q}: rebinding library state is not allowed")
             return
         root = root_name(target)
+        if self.ctx is Ctx.RUNTIME and _own_state(target, self.facts.reference_state):
+            return  # the task's own Model keeps this attribute across calls
         if self.ctx is Ctx.RUNTIME and root == "self":
             self.flag(
                 node,
                 H.OUTPUT_CACHING,
                 f"assigns {ast.unparse(target)} in {self.func}: state kept across calls",
             )
-        elif self.ctx is Ctx.RUNTIME and root in self.params:
+        elif self.ctx is Ctx.RUNTIME and root is not None and self.is_input(root, node):
             self.flag(node, H.INPUT_MUTATION, f"writes into the input {root}")
-        elif (
-            self.ctx is Ctx.RUNTIME and root in self.facts.module_names and root not in self.locals
-        ):
+        elif self.ctx is Ctx.RUNTIME and root in self._module_level() and root not in self.locals:
             self.flag(
                 node, H.OUTPUT_CACHING, f"writes into module-level {root}: state kept across calls"
             )
@@ -299,7 +350,12 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
                 node,
                 H.TORCH_COMPUTE,
                 f"indexed assignment into tensor {ast.unparse(target.value)} runs a torch copy",
+                partial="an indexed tensor copy",
             )
+
+    def _module_level(self) -> set[str]:
+        """Module-level names whose attributes or items outlive a call (classes included)."""
+        return self.facts.module_names | set(self.facts.classes) | set(self.facts.functions)
 
     def _check_module_store(self, target: ast.Name, node: ast.AST) -> None:
         if self.ctx is not Ctx.MODULE or self.cls is not None:
@@ -313,16 +369,17 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
         value = getattr(node, "value", None)
         ref = self.facts.reference_globals
         if target.id in ref and value is not None:
-            try:
-                same = ast.literal_eval(value) == ref[target.id]
-            except ValueError:
-                same = False
-            if not same:
-                self.flag(
-                    node,
-                    H.PROBLEM_SHRINKING,
-                    f"rebinds the task's global {target.id} to a different value",
-                )
+            mine = constant_value(value, self.facts.module_constants)
+            if mine == ref[target.id]:
+                return
+            shown = f"{target.id} = {ast.unparse(value)[:40]}, the task's {ref[target.id]!r}"
+            if target.id in self.facts.loaded_names:
+                self.flag(node, H.PROBLEM_SHRINKING, f"rebinds the task's global {target.id} to a "
+                          f"different value and uses it ({shown})")  # fmt: skip
+            else:
+                self.flag(node, H.PROBLEM_SHRINKING, f"a copy of the task's global with another value "
+                          f"({shown}) that nothing here reads: the harness draws inputs from the task itself",
+                          blocking=False)  # fmt: skip
 
     def _bind(self, target: ast.expr, value: ast.expr) -> None:
         if isinstance(target, ast.Name):
@@ -337,3 +394,48 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
 
     def _bind_all(self, target: ast.expr) -> None:
         self.tensors |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+
+
+_STDLIB = sys.stdlib_module_names  # importing an unused stdlib module runs nothing of the candidate's
+
+
+def _own_state(target: ast.expr, state: set[str]) -> bool:
+    """`self.hidden = ...` where the reference's forward assigns `self.hidden` itself."""
+    return (
+        isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+        and target.value.id == "self" and target.attr in state
+    )
+
+
+def _bound_names(node: ast.Import | ast.ImportFrom) -> set[str]:
+    if isinstance(node, ast.Import):
+        return {a.asname or a.name.split(".")[0] for a in node.names}
+    return {a.asname or a.name for a in node.names}
+
+
+def _guards_the_build(node: ast.Try) -> bool:
+    """`try: ext = load_inline(...)` (rewritten to the prebuilt `cuda_extension`) or `try: import
+    cuda_extension`, with at most flags and prints besides: the compile pool builds the extension
+    before anything runs and a failed build is a verdict, so the except branch can never run.
+    Anything else in the try body (a test call of a kernel) could fail and fall back."""
+    if node.orelse or node.finalbody or not all(map(_binds_or_notes, node.body)):
+        return False
+    return any(_binds_extension(stmt) for stmt in node.body)
+
+
+def _binds_extension(stmt: ast.stmt) -> bool:
+    if isinstance(stmt, ast.Import):
+        return all(a.name == "cuda_extension" for a in stmt.names)
+    if isinstance(stmt, ast.ImportFrom):
+        return stmt.module == "cuda_extension"
+    return isinstance(stmt, ast.Assign) and root_name(stmt.value) == "cuda_extension"
+
+
+def _binds_or_notes(stmt: ast.stmt) -> bool:
+    """Binds the extension, sets a flag to a constant, passes or prints."""
+    if _binds_extension(stmt) or isinstance(stmt, ast.Pass):
+        return True
+    if isinstance(stmt, ast.Assign):
+        return isinstance(stmt.value, ast.Constant)
+    call = stmt.value if isinstance(stmt, ast.Expr) else None
+    return isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "print"

@@ -6,18 +6,14 @@ with `rewards.timing.sampling` (same method, same config as the candidate) under
 precision policy; the compile and its warm-up are excluded from the times. `baseline(payload,
 ctx)` is the GPU-queue handler around it ("baseline" -> "rewards.timing.baselines:baseline" in
 `GpuQueueConfig.handlers`). `profile_model` / `measure_model` time any nn.Module (or callable)
-under `torch.no_grad()`: the candidate runner uses them too, with `candidate_config(baselines,
-config)` so that the candidate gets the method the baselines got. `report` puts candidate, eager
-and compile times, speedups and the noise of each side by side.
+under `torch.no_grad()`: the profile child (`rewards.timing.profile_child`) uses them too, with
+`candidate_config(baselines, config)` so that the candidate gets the method the baselines got.
+`report` puts candidate, eager and compile times, speedups and the noise of each side by side.
 
-What it is not: no correctness check and no candidate loading (the verifier and the candidate
-runner), no reward (`rewards.reward`).
+What it is not: no correctness check and no candidate loading (`rewards.verify`,
+`rewards.timing.profile_child`), no reward (`rewards.reward`).
 
-Cache: one msgspec-JSON file per `BaselineKey` (task source sha256, GPU name, torch version, CUDA
-version, precision policy name, timing-config hash), written atomically (temp file + rename).
-Seeds are not in the key: a baseline's time does not depend on the random values drawn. Inside
-the sandbox only the scratch dir is writable, so a sandboxed worker gets `cache_dir=""` and the
-orchestrator keeps the cache (`BaselineCache` works on either side).
+Cache: one JSON file per `BaselineKey` (`BaselineCache`).
 
 Example:
     request = BaselineRequest(source=task.source, cache_dir="~/.cache/cuda_agent/baselines")
@@ -39,9 +35,9 @@ from typing import Any, Literal
 import msgspec
 from msgspec import Struct
 
-from rewards.timing import stats
 from rewards.queue.jobs import JobContext, decode, encode
-from rewards.verify.precision import DEFAULT_POLICY, MathMode, policy, precision_flags
+from rewards.timing import stats
+from rewards.timing.gpu_timer import measure
 from rewards.timing.sampling import (
     METHOD_EVENT,
     GraphCaptureError,
@@ -50,8 +46,8 @@ from rewards.timing.sampling import (
     config_hash,
     forced,
 )
-from rewards.timing.gpu_timer import measure
 from rewards.verdict import Timing
+from rewards.verify.precision import DEFAULT_POLICY, MathMode, policy, precision_flags
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +76,8 @@ class BaselineRequest(Struct, frozen=True, kw_only=True):
 
 
 class BaselineKey(Struct, frozen=True, kw_only=True):
-    """What a baseline time depends on. Change any field and the cache misses."""
+    """What a baseline time depends on. Change any field and the cache misses. Seeds are not in
+    the key: a baseline's time does not depend on the random values drawn."""
 
     task_sha256: str
     gpu_name: str
@@ -159,7 +156,10 @@ _baselines_decoder = msgspec.json.Decoder(Baselines)
 
 
 class BaselineCache:
-    """One JSON file per key under `root`; a missing or unreadable file is a miss."""
+    """One msgspec-JSON file per key under `root`, written atomically (temp file + rename); a
+    missing or unreadable file is a miss. Inside the sandbox only the scratch dir is writable, so
+    a sandboxed worker gets `cache_dir=""` and the orchestrator keeps the cache (this class works
+    on either side)."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).expanduser()
@@ -277,7 +277,7 @@ def profile_model(
     return measure_model(model, make_inputs, config).timing
 
 
-def _compile_warmup(compiled: Callable[..., Any], make_inputs: Callable[[int], Sequence[Any]]) -> float:
+def compile_warmup(compiled: Callable[..., Any], make_inputs: Callable[[int], Sequence[Any]]) -> float:
     """Compile (or recompile for new flags) outside the timed region; returns seconds spent."""
     import torch
 
@@ -295,7 +295,7 @@ def _time_modes(model, compiled, make_inputs, modes: Sequence[MathMode], config:
         with precision_flags(mode):
             eager = measure_model(model, make_inputs, cfg)
             cfg = forced(config, eager.timing.method)
-            compile_s += _compile_warmup(compiled, make_inputs)
+            compile_s += compile_warmup(compiled, make_inputs)
             fused = measure_model(compiled, make_inputs, cfg)
         runs.append(SubjectRun(subject="eager", mode=mode, measurement=eager))
         runs.append(SubjectRun(subject="compile", mode=mode, measurement=fused))

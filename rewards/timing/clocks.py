@@ -11,7 +11,7 @@ clock. It never changes clocks (METHOD.md: measure the card as you find it).
 
 Example:
     read = ClockReader("0000:1B:00.0", "NVIDIA H200")
-    read().sm_clock_mhz    # 1980.0 under load, 345.0 idle (REFERENCE.md section 4)
+    read().sm_clock_mhz    # 1980.0 under load, 345.0 idle (an H200)
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """GPU timing of one callable: `measure(fn, make_inputs, config) -> Measurement` and
 `time_gpu(...) -> Timing`, with CuPy events and an L2-flush memset on torch's current stream,
-NVML clocks and CUDA-graph capture around the pure sampling loop of `rewards.timing.sampling`.
+NVML clocks and CUDA-graph capture around the pure sampling loop of `rewards.timing.sampling`;
+`SubjectTimer` is one callable's warm-up, method and sampler (`rewards.timing.paired_timer` times
+several of them together with it).
 
 Importing this module does not touch CUDA (cupy and torch are imported inside functions); it must
-run in a GPU worker process. The sample layout and the choices behind it are in
-`rewards.timing.sampling`'s docstring.
+run in a GPU worker process. The sample layout and the choices behind it are at `Gpu.timed`.
 """
 
 from __future__ import annotations
@@ -18,15 +19,16 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rewards.timing import stats
-from rewards.verdict import Timing
 from rewards.timing.sampling import (
     METHOD_EVENT,
     METHOD_GRAPH,
     GraphCaptureError,
     Measurement,
+    Run,
     Sample,
     Sampler,
     TimingConfig,
+    WarmUp,
     flush_bytes,
     graph_calls,
     pool_size,
@@ -35,9 +37,10 @@ from rewards.timing.sampling import (
     use_graph,
     warm_up,
 )
+from rewards.verdict import ClockInfo, Timing
 
 
-class _Gpu:
+class Gpu:
     """The current device as the timer sees it: its stream, flush buffer, events and clocks."""
 
     def __init__(self, config: TimingConfig) -> None:
@@ -66,14 +69,32 @@ class _Gpu:
         self._runtime.memsetAsync(buf.data_ptr(), self._fill, buf.numel(), self.stream_ptr)
 
     def timed(self, call: Callable[[], Any]) -> Sample:
+        """One sample in event mode:
+
+            memset of a buffer >= 2x L2 on the stream  # flushes L2 and keeps the GPU busy, so the
+            host clock h0                              #   call's launch latency and Python overhead
+            start event on the stream                  #   queue behind it instead of being timed
+            call()
+            end event on the stream
+            device-wide synchronize; host clock h1     # waits for every stream, not just this one
+            device = elapsed(start, end); host = h1 - h0; launch = (return of call()) - h0
+
+        The end event is recorded right after the call, not after the synchronize: there it
+        would see side-stream work too, but every sample would also carry the synchronize
+        wake-up plus one launch onto an idle GPU (16-30 us on an H200), a constant 1-3% on a
+        millisecond kernel that pulls every speedup toward 1. So the events time the stream
+        exactly, the synchronize keeps samples apart, and the host interval is the cross-check
+        (`rewards.timing.stats.side_work_suspect`).
+        """
         self.flush()
         h0 = time.perf_counter()
         self.start.record(self.stream)
         call()
+        launched = time.perf_counter()
         self.end.record(self.stream)
         self._runtime.deviceSynchronize()
         host_ms = (time.perf_counter() - h0) * 1e3
-        return Sample(self._elapsed(self.start, self.end), host_ms)
+        return Sample(self._elapsed(self.start, self.end), host_ms, (launched - h0) * 1e3)
 
     def flush_ms(self, repeats: int = 5) -> float:
         """Duration of one flush on its own: the lead it gives the timed call."""
@@ -131,7 +152,7 @@ def _flush_buffer(device: int, nbytes: int) -> Any:
 
 
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     """A collection inside a timed call would leave the GPU idle: collect now, pause, restore."""
     was_enabled = gc.isenabled()
     gc.collect()
@@ -148,14 +169,14 @@ def _input_set(make_inputs: Callable[[int], Sequence[Any]], i: int) -> tuple:
     return tuple(values) if isinstance(values, (list, tuple)) else (values,)
 
 
-def _input_pool(make_inputs: Callable[[int], Sequence[Any]], config: TimingConfig) -> list[tuple]:
-    """Input sets 0..k-1, k = input_pool or fewer when they would exceed the memory cap."""
+def build_pool(make_inputs: Callable[[int], Sequence[Any]], config: TimingConfig) -> list[tuple]:
+    """Input sets 0..k-1, k = config.input_pool or fewer when they would exceed the memory cap."""
     first = _input_set(make_inputs, 0)
     size = pool_size(sum(getattr(x, "nbytes", 0) for x in first), config)
     return [first] + [_input_set(make_inputs, i) for i in range(1, size)]
 
 
-def _graph_sampler(gpu: _Gpu, fn: Callable[..., Any], pool: list[tuple], calls: int) -> tuple[Sampler, Any]:
+def graph_sampler(gpu: Gpu, fn: Callable[..., Any], pool: list[tuple], calls: int) -> tuple[Sampler, Any]:
     """Capture `calls` calls (inputs rotated) in one graph; a sample is a flushed replay / calls."""
     import torch
 
@@ -175,9 +196,69 @@ def _graph_sampler(gpu: _Gpu, fn: Callable[..., Any], pool: list[tuple], calls: 
 
     def sample(i: int) -> Sample:
         s = gpu.timed(graph.replay)
-        return Sample(s.device_ms / calls, s.host_ms / calls)
+        return Sample(s.device_ms / calls, s.host_ms / calls, s.launch_ms / calls)
 
     return sample, graph
+
+
+class SubjectTimer:
+    """One callable on a `Gpu` with its input pool: the warm-up, the timing method, the sampler
+    and the Measurement. `measure` times one subject with it, `rewards.timing.paired_timer` several in rounds.
+
+    Example (in a GPU worker, inside `cupy.cuda.Device(gpu.index)` with the GC paused):
+        timer = SubjectTimer(gpu, model, pool, config)
+        warm = timer.warm_up()
+        run = sample_until_stable(timer.sample, config)
+        m = timer.summary(run, flush_ms=gpu.flush_ms(), before=None, after=gpu.clocks())
+    """
+
+    def __init__(self, gpu: Gpu, fn: Callable[..., Any], pool: list[tuple], config: TimingConfig) -> None:
+        self.gpu, self.fn, self.pool, self.config = gpu, fn, pool, config
+        self.sample: Sampler = self.event_sample
+        self.method, self.calls, self.graph_error, self.graph = METHOD_EVENT, 1, "", None
+        self.warm = WarmUp(calls=0, seconds=0.0, estimate_ms=0.0)
+
+    def event_sample(self, i: int) -> Sample:
+        return self.gpu.timed(functools.partial(self.fn, *self.pool[i % len(self.pool)]))
+
+    def warm_up(self) -> WarmUp:
+        self.warm = warm_up(self.event_sample, self.config, clock_ready=self.gpu.clock_ready(self.config))
+        return self.warm
+
+    def capture(self) -> None:
+        """Time CUDA-graph replays from now on; GraphCaptureError when the call cannot be captured
+        (it synchronizes, allocates outside torch, or launches on a stream that does not join)."""
+        calls = graph_calls(self.config, self.warm.estimate_ms)
+        try:
+            self.sample, self.graph = graph_sampler(self.gpu, self.fn, self.pool, calls)
+        except RuntimeError as exc:
+            raise GraphCaptureError(f"{type(exc).__name__}: {exc}") from exc
+        self.method, self.calls = METHOD_GRAPH, calls
+
+    def to_events(self, why: str) -> None:
+        """Back to event mode (a capture failed here or in another subject of the same task)."""
+        self.sample, self.method, self.calls, self.graph = self.event_sample, METHOD_EVENT, 1, None
+        self.graph_error = why[:300]
+
+    def release(self) -> None:
+        self.graph = None
+
+    def summary(self, run: Run, *, flush_ms: float, before: ClockInfo | None, after: ClockInfo | None) -> Measurement:
+        return summarize(
+            run,
+            self.warm,
+            config=self.config,
+            method=self.method,
+            calls=self.calls,
+            flush_ms=flush_ms,
+            input_pool=len(self.pool),
+            l2_bytes=self.gpu.l2_bytes,
+            flush_bytes=self.gpu.flush_buffer.numel(),
+            clocks_before=before,
+            clocks_after=after,
+            sm_clock_max_mhz=self.gpu.clocks.max_sm_clock_mhz(),
+            graph_error=self.graph_error,
+        )
 
 
 def measure(
@@ -191,44 +272,22 @@ def measure(
     propagates; a candidate's failure is the caller's to turn into a verdict."""
     import cupy
 
-    gpu = _Gpu(config)
-    with cupy.cuda.Device(gpu.index), _gc_paused():
-        pool = _input_pool(make_inputs, config)
-        before = gpu.clocks()
-        flush_ms = gpu.flush_ms()
-
-        def event_sample(i: int) -> Sample:
-            return gpu.timed(functools.partial(fn, *pool[i % len(pool)]))
-
-        warm = warm_up(event_sample, config, clock_ready=gpu.clock_ready(config))
-        sampler, method, calls, graph_error, graph = event_sample, METHOD_EVENT, 1, "", None
+    gpu = Gpu(config)
+    with cupy.cuda.Device(gpu.index), gc_paused():
+        timer = SubjectTimer(gpu, fn, build_pool(make_inputs, config), config)
+        before, flush_ms = gpu.clocks(), gpu.flush_ms()
+        warm = timer.warm_up()
         if use_graph(config, warm.estimate_ms):
             try:
-                calls = graph_calls(config, warm.estimate_ms)
-                sampler, graph = _graph_sampler(gpu, fn, pool, calls)
-                method = METHOD_GRAPH
-            except RuntimeError as exc:  # a call that synchronizes cannot be captured
+                timer.capture()
+            except GraphCaptureError as exc:
                 if config.graph == "always":
-                    raise GraphCaptureError(str(exc)) from exc
-                sampler, calls, graph_error = event_sample, 1, f"{type(exc).__name__}: {exc}"[:300]
-        run = sample_until_stable(sampler, config)
+                    raise
+                timer.to_events(str(exc))
+        run = sample_until_stable(timer.sample, config)
         after = gpu.clocks()
-        del graph
-    return summarize(
-        run,
-        warm,
-        config=config,
-        method=method,
-        calls=calls,
-        flush_ms=flush_ms,
-        input_pool=len(pool),
-        l2_bytes=gpu.l2_bytes,
-        flush_bytes=gpu.flush_buffer.numel(),
-        clocks_before=before,
-        clocks_after=after,
-        sm_clock_max_mhz=gpu.clocks.max_sm_clock_mhz(),
-        graph_error=graph_error,
-    )
+        timer.release()
+    return timer.summary(run, flush_ms=flush_ms, before=before, after=after)
 
 
 def time_gpu(

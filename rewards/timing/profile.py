@@ -1,23 +1,38 @@
 """Profiling of a candidate, trusted side: the GPU-queue handler `profile` and `profile_workspace`
 for the agent's `profile` tool and the final evaluation.
 
-What it is: `run_profile(request, work_dir=)` times the task's eager and torch.compile baselines
-in this (trusted) process with `rewards.timing.baselines.measure_baselines` (or reuses the Baselines the
-orchestrator sends back, when their key still matches this GPU and stack), then times the
-candidate in a fresh child, `python -m rewards.timing.profile_child`, with `candidate_config(baselines,
-config)` so that all three timings use one method. The child gets the same `Load` message the
-verification child gets (the reference's state_dict as a blob file, the init seed), plus the
-timing config; it answers one `Timed` message and exits.
+What it is: `run_profile(request, work_dir=)` in one of two ways.
+- Cached baselines (`paired=False`, the agent's `profile` tool): the task's eager and
+  torch.compile baselines are timed in this (trusted) process with
+  `rewards.timing.baselines.measure_baselines` (or the Baselines the orchestrator sends back are
+  reused, when their key still matches this GPU and stack), then the candidate alone is timed in a
+  fresh child, `python -m rewards.timing.profile_child`, with `candidate_config(baselines,
+  config)` so that all three timings use one method. The answer says when the baselines were
+  cached: on launch-bound tasks times from two processes can differ by up to 2x.
+- Paired (`paired=True`, the final evaluation): the child builds the reference Model and its
+  torch.compile from the trusted task source before it loads the candidate, and times the three
+  together in rotated rounds (`rewards.timing.paired`, `rewards.timing.paired_timer`); the
+  speedups are median per-round ratios with intervals. Inductor's cache artifacts of the
+  reference's compile are recorded in this trusted process (`compile_cache`; the env keeps them
+  per task) and loaded by the child, which then skips Inductor's codegen and Triton builds.
+The child gets the same `Load` message the verification child gets (the reference's state_dict
+as a blob file, the init seed), plus the timing config; it answers one `Timed` message and exits.
 
 What it is not: no correctness check (`rewards.verify.verifier`) and no reward (`rewards.reward`). The
 candidate's time is measured inside the candidate's own process (CUDA events around its forward,
-as KernelBench does): a candidate that tampers with the timer can lie about its time, which is
-why the final evaluation only profiles candidates that passed verification and the static checks.
+as KernelBench does), and under paired timing the baselines' too: a candidate that tampers with
+the timer or the reference there can lie about the speedup, which is why the final evaluation
+only profiles candidates that passed verification and the static checks (no patching, threads,
+streams or global state). `candidate="reference"` is a timing-only harness mode for benchmarks of
+the timer: the task's own Model is timed as the candidate; the env never sets it and
+`rewards.evaluate` refuses to score it.
 
 How it is used:
     # GpuQueueConfig.handlers["profile"] = "rewards.timing.profile:profile"
     outcome = await profile_workspace(queue, ws, task, build.artifact.so_path)
     tool_result = to_profile_result(outcome)
+    final = await profile_workspace(queue, ws, task, so_path, paired=True, compile_cache=kept)
+    final.paired.vs_eager.ci_low, final.compile_cache   # keep a non-empty compile_cache per task
 
 Importing this module does not import torch; the handler does.
 """
@@ -25,22 +40,26 @@ Importing this module does not import torch; the handler does.
 from __future__ import annotations
 
 import ast
+import contextlib
 import shutil
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Literal
 
 import anyio
 import msgspec
 from msgspec import Struct
 
 from agentcore.types import ProfileResult, Task
-from rewards.timing.baselines import BaselineRequest, Baselines
 from rewards.queue.jobs import Job, JobContext, JobStatus, decode, encode
-from rewards.verify.precision import DEFAULT_POLICY
+from rewards.timing.baselines import BaselineRequest, Baselines
+from rewards.timing.paired import PairedConfig, PairedTiming
 from rewards.timing.sampling import Measurement, TimingConfig
 from rewards.verdict import Timing
-from rewards.verify.verifier import CandidateProcess, Launcher, job_files
 from rewards.verify.phases import Phases
+from rewards.verify.precision import DEFAULT_POLICY
+from rewards.verify.verifier import CandidateProcess, Launcher, job_files
 from rewards.verify.wire import BlobWriter, ChildGone, Load
 
 HANDLER = "rewards.timing.profile:profile"
@@ -62,6 +81,11 @@ class ProfileConfig(Struct, frozen=True, kw_only=True):
     child_launcher: Launcher = "zygote"
     """How the profile child starts: "zygote" (rewards.queue.zygote; 0.82 s per profile job of the L1
     matmul demo instead of 6.2 s on an H100) or "spawn" a fresh interpreter."""
+    paired: PairedConfig = PairedConfig()
+    """Rounds, interval target and time cap of paired timing (requests with `paired=True`)."""
+    compile_cache: bool = True
+    """Paired timing: record Inductor's artifacts of the reference's torch.compile in this trusted
+    process when the request brings none, for the child to load (False: the child compiles cold)."""
 
 
 class ProfileRequest(Struct, frozen=True, kw_only=True):
@@ -74,6 +98,10 @@ class ProfileRequest(Struct, frozen=True, kw_only=True):
     config: ProfileConfig = ProfileConfig()
     baselines: Baselines | None = None  # from an earlier job; reused when its key matches
     cache_dir: str = ""  # baseline disk cache; "" inside the sandbox (only scratch is writable)
+    paired: bool = False  # time candidate, eager and compile together in the child (final evaluation)
+    compile_cache: bytes = b""  # paired: Inductor artifacts of the reference's compile, from an earlier job
+    candidate: Literal["model_new", "reference"] = "model_new"
+    """ModelNew, or the task's own Model in the timing-only harness mode (module docstring)."""
 
 
 class Profile(Struct, frozen=True, kw_only=True):
@@ -87,6 +115,14 @@ class Profile(Struct, frozen=True, kw_only=True):
     baselines: Baselines | None = None
     phases_ms: dict[str, float] = {}
     """Where the profile job's time went (rewards.verify.phases; "child." from the child)."""
+    baselines_cached: bool = False
+    """The baselines were measured by an earlier job or read from the disk cache."""
+    paired: PairedTiming | None = None
+    """Paired timing: the rounds, the speedups with their intervals, each subject's Measurement."""
+    compile_cache: bytes = b""
+    """Inductor artifacts recorded by this job (empty when none were recorded or the request had them)."""
+    reference_candidate: bool = False
+    """The timing-only harness mode timed the task's own Model as the candidate: never score it."""
 
 
 class ProfileInfrastructureError(RuntimeError):
@@ -97,22 +133,38 @@ class ProfileInfrastructureError(RuntimeError):
 # The child protocol: one request, one answer (rewards.timing.profile_child serves it).
 
 
-class TimeCandidate(Struct, frozen=True, kw_only=True):
+class TimeCandidate(Struct, frozen=True, kw_only=True, tag="candidate"):
     """Build ModelNew as `load` says, then time its forward with `config`."""
 
     load: Load
     config: TimingConfig
     input_seed: int
+    candidate: Literal["model_new", "reference"] = "model_new"
+
+
+class TimePaired(Struct, frozen=True, kw_only=True, tag="paired"):
+    """Build the reference Model and its torch.compile from the task source (before any candidate
+    code runs), then ModelNew as `load` says; time the three together in rotated rounds."""
+
+    load: Load
+    config: TimingConfig
+    paired: PairedConfig
+    input_seed: int
+    policy: str
+    compile_cache_path: str = ""  # Inductor artifacts to load before compiling, "" for none
+    candidate: Literal["model_new", "reference"] = "model_new"
 
 
 class Timed(Struct, frozen=True, kw_only=True):
     ok: bool
     error: str = ""
-    measurement: Measurement | None = None
+    measurement: Measurement | None = None  # the candidate's
     phases_ms: dict[str, float] = {}  # the child's own account: start-up, build, warm-up, sampling
+    paired: PairedTiming | None = None
+    harness_error: bool = False  # the reference or its compile failed, before any candidate code ran
 
 
-time_request_decoder = msgspec.msgpack.Decoder(TimeCandidate)
+time_request_decoder = msgspec.msgpack.Decoder(TimeCandidate | TimePaired)
 timed_decoder = msgspec.msgpack.Decoder(Timed)
 
 
@@ -121,7 +173,7 @@ class ProfileChild(CandidateProcess):
 
     module = "rewards.timing.profile_child"
 
-    def time(self, message: TimeCandidate, timeout_s: float) -> Timed:
+    def time(self, message: TimeCandidate | TimePaired, timeout_s: float) -> Timed:
         self.pipe.send(message)
         return self.pipe.receive(timed_decoder, timeout_s)
 
@@ -130,17 +182,61 @@ class ProfileChild(CandidateProcess):
 # The handler.
 
 
-def _baselines(request: ProfileRequest) -> Baselines:
+def _baselines(request: ProfileRequest) -> tuple[Baselines, bytes]:
+    """The request's baselines when their key matches, else measured here (or read from the disk
+    cache); with the Inductor artifacts of the compile when one ran."""
     from rewards.timing.baselines import current_key, measure_baselines
 
     c = request.config
     sent = request.baselines
     if sent is not None and sent.key == current_key(request.task_source, c.policy, c.timing):
-        return sent
-    return measure_baselines(BaselineRequest(
-        source=request.task_source, init_seed=c.init_seed, input_seed=c.input_seed, policy=c.policy,
-        config=c.timing, cache_dir=request.cache_dir,
-    ))
+        return sent, b""
+    with recorded_compiles(c.compile_cache) as artifacts:
+        measured = measure_baselines(BaselineRequest(
+            source=request.task_source, init_seed=c.init_seed, input_seed=c.input_seed, policy=c.policy,
+            config=c.timing, cache_dir=request.cache_dir,
+        ))
+    return measured, b"".join(artifacts)
+
+
+@contextlib.contextmanager
+def recorded_compiles(enabled: bool = True) -> Iterator[list[bytes]]:
+    """Inductor's cache artifacts of the compiles inside the block (`torch.compiler.
+    save_cache_artifacts`, scoped to the block): the list gets one blob at the end, none when
+    nothing was compiled or this torch cannot scope the recording."""
+    out: list[bytes] = []
+    try:
+        import torch
+        from torch.compiler._cache import CacheArtifactManager  # private: the only way to scope it
+    except ImportError:
+        enabled = False
+    if not enabled:
+        yield out
+        return
+    with CacheArtifactManager.with_fresh_cache():
+        yield out
+        saved = torch.compiler.save_cache_artifacts()
+    if saved is not None:
+        out.append(saved[0])
+
+
+def compile_reference(request: ProfileRequest) -> bytes:
+    """Compile the task's reference here, in the trusted process, as the paired child will (same
+    seeds, backend, mode and math modes), and return Inductor's artifacts of it."""
+    import torch
+
+    from rewards.timing.baselines import COMPILE_BACKEND, COMPILE_MODE, compile_warmup, load_task
+    from rewards.verify.precision import policy, precision_flags
+
+    c = request.config
+    model, make_inputs = load_task(request.task_source, init_seed=c.init_seed, input_seed=c.input_seed,
+                                   device=request.device)
+    compiled = torch.compile(model, backend=COMPILE_BACKEND, mode=COMPILE_MODE)
+    with recorded_compiles() as artifacts:
+        for mode in policy(c.policy).baseline_modes:
+            with precision_flags(mode):
+                compile_warmup(compiled, make_inputs)
+    return b"".join(artifacts)
 
 
 def _load_message(request: ProfileRequest, work_dir: Path, transfer: Path) -> Load:
@@ -162,10 +258,12 @@ def _load_message(request: ProfileRequest, work_dir: Path, transfer: Path) -> Lo
                 init_seed=request.config.init_seed, state=state, transfer_dir=str(transfer))
 
 
-def time_candidate(request: ProfileRequest, config: TimingConfig, work_dir: Path,
-                   phases: Phases | None = None) -> Timed:
-    """Time the candidate in a fresh child; its failures (crash, timeout, exception) are values.
-    `phases` gets "state", "spawn", "child" (and the child's own "child.*") and "close"."""
+ChildMessage = Callable[[Load, Path], TimeCandidate | TimePaired]
+
+
+def _in_child(request: ProfileRequest, work_dir: Path, phases: Phases | None, message: ChildMessage) -> Timed:
+    """Send a fresh child `message(load, transfer_dir)`; its failures (crash, timeout, exception)
+    are values. `phases` gets "state", "spawn", "child" (and the child's own "child.*") and "close"."""
     phases = phases if phases is not None else Phases()
     transfer = work_dir / f"xfer-{uuid.uuid4().hex[:12]}"
     transfer.mkdir(parents=True)
@@ -173,12 +271,11 @@ def time_candidate(request: ProfileRequest, config: TimingConfig, work_dir: Path
     child = ProfileChild(work_dir, launcher=c.child_launcher)
     try:
         with phases.phase("state"):  # the reference's state_dict, built on the CPU
-            message = TimeCandidate(load=_load_message(request, work_dir, transfer), config=config,
-                                    input_seed=c.input_seed)
+            sent = message(_load_message(request, work_dir, transfer), transfer)
         with phases.phase("spawn"):
             child.start()
         with phases.phase("child"):
-            timed = child.time(message, c.load_timeout_s + c.time_timeout_s)
+            timed = child.time(sent, c.load_timeout_s + c.time_timeout_s)
         phases.merge(timed.phases_ms)
         return timed
     except TimeoutError:
@@ -191,20 +288,65 @@ def time_candidate(request: ProfileRequest, config: TimingConfig, work_dir: Path
             shutil.rmtree(transfer, ignore_errors=True)
 
 
+def time_candidate(request: ProfileRequest, config: TimingConfig, work_dir: Path,
+                   phases: Phases | None = None) -> Timed:
+    """Time the candidate alone in a fresh child with `config`."""
+    return _in_child(request, work_dir, phases, lambda load, _: TimeCandidate(
+        load=load, config=config, input_seed=request.config.input_seed, candidate=request.candidate))
+
+
+def time_paired(request: ProfileRequest, work_dir: Path, phases: Phases | None = None,
+                compile_cache: bytes = b"") -> Timed:
+    """Time candidate, eager and torch.compile together in a fresh child (module docstring)."""
+    c = request.config
+
+    def message(load: Load, transfer: Path) -> TimePaired:
+        path = ""
+        if compile_cache:
+            path = str(transfer / "compile_cache.bin")
+            Path(path).write_bytes(compile_cache)
+        return TimePaired(load=load, config=c.timing, paired=c.paired, input_seed=c.input_seed, policy=c.policy,
+                          compile_cache_path=path, candidate=request.candidate)
+
+    return _in_child(request, work_dir, phases, message)
+
+
 def run_profile(request: ProfileRequest, *, work_dir: Path) -> Profile:
-    """Baselines here, the candidate in a child (module docstring)."""
+    """Baselines here and the candidate in a child, or all three paired in a child (module docstring)."""
+    if request.paired:
+        return _run_paired(request, Path(work_dir))
     phases = Phases()
     with phases.phase("import"):  # torch and rewards.timing.baselines: once per worker process
         from rewards.timing.baselines import candidate_config
     with phases.phase("baselines"):  # a key check when the orchestrator sent them, else measured
-        baselines = _baselines(request)
+        baselines, artifacts = _baselines(request)
+    cached = baselines.cached or baselines is request.baselines
     timed = time_candidate(request, candidate_config(baselines, request.config.timing), Path(work_dir), phases)
     eager, compiled = baselines.eager.measurement.timing, baselines.compiled.measurement.timing
+    common = dict(eager=eager, compiled=compiled, baselines=baselines, baselines_cached=cached,
+                  compile_cache=artifacts, reference_candidate=request.candidate == "reference")
     if not timed.ok or timed.measurement is None:
         return Profile(ok=False, message=f"the candidate could not be timed:\n{timed.error}",
-                       eager=eager, compiled=compiled, baselines=baselines, phases_ms=phases.as_dict())
-    return Profile(ok=True, candidate=timed.measurement.timing, eager=eager, compiled=compiled, baselines=baselines,
-                   phases_ms=phases.as_dict())
+                       phases_ms=phases.as_dict(), **common)
+    return Profile(ok=True, candidate=timed.measurement.timing, phases_ms=phases.as_dict(), **common)
+
+
+def _run_paired(request: ProfileRequest, work_dir: Path) -> Profile:
+    phases = Phases()
+    artifacts, recorded = request.compile_cache, b""
+    if not artifacts and request.config.compile_cache:
+        with phases.phase("compile_cache"):  # once per task and env: later requests bring it
+            artifacts = recorded = compile_reference(request)
+    timed = time_paired(request, work_dir, phases, artifacts)
+    if timed.harness_error:
+        raise ProfileInfrastructureError(f"the reference could not be built or compiled:\n{timed.error}")
+    common = dict(compile_cache=recorded, reference_candidate=request.candidate == "reference")
+    if not timed.ok or timed.paired is None:
+        return Profile(ok=False, message=f"the candidate could not be timed:\n{timed.error}",
+                       phases_ms=phases.as_dict(), **common)
+    p = timed.paired
+    return Profile(ok=True, candidate=p.fastest("candidate").timing, eager=p.fastest("eager").timing,
+                   compiled=p.fastest("compile").timing, paired=p, phases_ms=phases.as_dict(), **common)
 
 
 def profile(payload: bytes, ctx: JobContext) -> bytes:
@@ -229,28 +371,42 @@ def profile_from_job(status: JobStatus, value: bytes, error: str) -> Profile:
 
 async def profile_workspace(queue, workspace_dir: Path, task: Task, artifact_path: str | Path | None, *,
                             config: ProfileConfig = ProfileConfig(), baselines: Baselines | None = None,
-                            device: str = "cuda", deadline_s: float | None = None) -> Profile:
+                            device: str = "cuda", deadline_s: float | None = None, paired: bool = False,
+                            compile_cache: bytes = b"",
+                            candidate: Literal["model_new", "reference"] = "model_new") -> Profile:
     """Profile a workspace on `queue` (a rewards.queue.gpu_queue.GpuQueue): package, submit, decode.
-    Pass the `baselines` of an earlier Profile of the same task to skip re-measuring them."""
+    Pass the `baselines` (or, `paired`, the `compile_cache`) of an earlier Profile of the same task
+    to skip re-measuring (re-compiling) them. `candidate="reference"`: the timing-only harness
+    mode of benchmarks (module docstring)."""
     files, so_name = await anyio.to_thread.run_sync(job_files, workspace_dir, artifact_path)
     request = ProfileRequest(task_source=task.source, so_path=so_name, device=device, config=config,
-                             baselines=baselines)
+                             baselines=baselines, paired=paired, compile_cache=compile_cache, candidate=candidate)
     job = Job(job_id=f"profile-{task.task_id}-{uuid.uuid4().hex[:8]}", kind="profile", payload=encode(request),
               files=files, deadline_s=deadline_s)
     result = await queue.submit(job)
     return profile_from_job(result.status, result.value, result.error)
 
 
+CACHED_NOTE = ("The eager and torch.compile times are cached from an earlier run in another process; "
+               "on launch-bound models (many small kernels) such times can differ by up to 2x between runs. "
+               "The final reward times all three together.")
+
+
 def to_profile_result(outcome: Profile) -> ProfileResult:
-    """What the agent's `profile` tool shows the model (medians, in ms)."""
+    """What the agent's `profile` tool shows the model (medians, in ms), and a note when the
+    baselines are cached."""
     def ms(t: Timing | None) -> float | None:
         return t.median_ms if t is not None else None
 
-    return ProfileResult(ok=outcome.ok, message=outcome.message, candidate_ms=ms(outcome.candidate),
+    message = outcome.message
+    if outcome.ok and outcome.baselines_cached:
+        message = "\n".join(filter(None, [message, CACHED_NOTE]))
+    return ProfileResult(ok=outcome.ok, message=message, candidate_ms=ms(outcome.candidate),
                          eager_ms=ms(outcome.eager), compile_ms=ms(outcome.compiled))
 
 
 __all__ = [
-    "HANDLER", "Profile", "ProfileConfig", "ProfileInfrastructureError", "ProfileRequest", "TimeCandidate", "Timed",
-    "profile", "profile_from_job", "profile_workspace", "run_profile", "time_candidate", "to_profile_result",
+    "CACHED_NOTE", "HANDLER", "Profile", "ProfileConfig", "ProfileInfrastructureError", "ProfileRequest",
+    "TimeCandidate", "TimePaired", "Timed", "compile_reference", "profile", "profile_from_job", "profile_workspace",
+    "recorded_compiles", "run_profile", "time_candidate", "time_paired", "to_profile_result",
 ]

@@ -1,14 +1,23 @@
 """The profile child: `python -P -s -m rewards.timing.profile_child --read-fd R --write-fd W`.
 
-What it is: the process that runs candidate code while it is timed. It reads one
-`rewards.timing.profile.TimeCandidate`, builds ModelNew exactly as the verification child does
-(`rewards.verify.candidate.build_model`: extension by path, model_new.py by path, the parent's state_dict
-loaded strictly), draws input sets from the task's get_inputs under `input_seed + i` (as the
-baselines do), times forward with `rewards.timing.baselines.measure_model` and answers one `Timed`.
+What it is: the process that runs candidate code while it is timed. It reads one request and
+answers one `Timed`:
+- `rewards.timing.profile.TimeCandidate`: build ModelNew exactly as the verification child does
+  (`rewards.verify.candidate.build_model`: extension by path, model_new.py by path, the parent's
+  state_dict loaded by `load_state`), draw input sets from the task's get_inputs under
+  `input_seed + i` (as the baselines do) and time forward with
+  `rewards.timing.baselines.measure_model`;
+- `rewards.timing.profile.TimePaired`: first, before any candidate code runs, build the reference
+  Model and its torch.compile from the trusted task source as `rewards.timing.baselines` does
+  (same seeds, backend, mode and math modes; Inductor's artifacts from the trusted side loaded
+  first), then ModelNew, and time the three together with
+  `rewards.timing.paired_timer.measure_paired` on one input pool.
+`candidate="reference"` (benchmarks of the timer only) times the task's own Model, with the state
+ModelNew would get, as the candidate.
 
-What it is not: a judge or a verifier; the reference Model is dropped from the task namespace and
-never runs here. It is a separate module from `rewards.verify.candidate` so that the verification
-protocol stays untouched.
+What it is not: a judge or a verifier; no output is compared here. Under TimeCandidate the
+reference Model is dropped from the task namespace and never runs here. It is a separate module
+from `rewards.verify.candidate` so that the verification protocol stays untouched.
 
 How it is used: started by `rewards.timing.profile.ProfileChild`, one per profiled candidate.
 """
@@ -16,22 +25,28 @@ How it is used: started by `rewards.timing.profile.ProfileChild`, one per profil
 from __future__ import annotations
 
 import argparse
+import ast
+import functools
 import sys
 import time
+from pathlib import Path
 
 from rewards.verify.phases import Phases, process_age_ms
 
-_STARTUP_MS = {"interpreter": process_age_ms()}  # issue 3: where a profile job's time goes
+_STARTUP_MS = {"interpreter": process_age_ms()}  # where a profile job's time goes (phases)
 _import_start = time.perf_counter()
 
 import torch
 
-from rewards.verify import probes
+from rewards.timing import baselines
 from rewards.timing.baselines import measure_model
+from rewards.timing.paired_timer import PairedCall, measure_paired
+from rewards.timing.profile import TimeCandidate, Timed, TimePaired, time_request_decoder
+from rewards.verify import probes
 from rewards.verify.candidate import _die_with_parent, build_model, describe_exception
 from rewards.verify.inputs import load_task
-from rewards.timing.profile import TimeCandidate, Timed, time_request_decoder
-from rewards.verify.wire import ChildGone, Pipe
+from rewards.verify.precision import policy, precision_flags
+from rewards.verify.wire import ChildGone, Load, Pipe, read_tensor
 
 _STARTUP_MS["import"] = (time.perf_counter() - _import_start) * 1e3  # torch, baselines, the harness
 
@@ -48,13 +63,27 @@ def make_inputs_fn(source: str, input_seed: int, device: str):
     return make_inputs
 
 
+def reference_candidate(load: Load) -> torch.nn.Module:
+    """The timing-only harness mode: the task's own Model, built and loaded as ModelNew would be."""
+    task = load_task(load.task_source)
+    torch.manual_seed(load.init_seed)
+    model = task.Model(*ast.literal_eval(load.init_inputs))
+    model.load_state_dict({name: read_tensor(Path(load.transfer_dir), ref) for name, ref in load.state.items()})
+    return model.to(load.device)
+
+
+def candidate_model(msg: TimeCandidate | TimePaired) -> torch.nn.Module:
+    """ModelNew, its state loaded as verification loaded it (or the reference, harness mode)."""
+    return reference_candidate(msg.load) if msg.candidate == "reference" else build_model(msg.load)[0]
+
+
 def time_candidate(msg: TimeCandidate) -> Timed:
     phases = Phases()
     phases.merge(_STARTUP_MS, prefix="")
     probes.pin_precision()  # the numerics the candidate was verified under
     try:
         with phases.phase("build"):  # CUDA context, extension, model_new.py, ModelNew, state
-            model = build_model(msg.load)
+            model = candidate_model(msg)
             make_inputs = make_inputs_fn(msg.load.task_source, msg.input_seed, msg.load.device)
         with phases.phase("measure"):
             measurement = measure_model(model, make_inputs, msg.config)
@@ -64,6 +93,46 @@ def time_candidate(msg: TimeCandidate) -> Timed:
     phases.add("measure.warmup", measurement.warmup_s * 1e3)
     phases.add("measure.sampling", measurement.sampling_s * 1e3)
     return Timed(ok=True, measurement=measurement, phases_ms=phases.as_dict())
+
+
+def baseline_calls(msg: TimePaired, phases: Phases) -> tuple[list[PairedCall], object]:
+    """Eager and torch.compile of the reference under each math mode of the policy, compiled and
+    warmed up here, and the task's `make_inputs`; built as `rewards.timing.baselines` builds them."""
+    if msg.compile_cache_path:
+        with phases.phase("reference.compile_cache"):
+            torch.compiler.load_cache_artifacts(Path(msg.compile_cache_path).read_bytes())
+    model, make_inputs = baselines.load_task(msg.load.task_source, init_seed=msg.load.init_seed,
+                                             input_seed=msg.input_seed, device=msg.load.device)
+    compiled = torch.compile(model, backend=baselines.COMPILE_BACKEND, mode=baselines.COMPILE_MODE)
+    modes = policy(msg.policy).baseline_modes
+    with phases.phase("reference.compile"):
+        for mode in modes:
+            with precision_flags(mode):
+                baselines.compile_warmup(compiled, make_inputs)
+    calls = [PairedCall(role, mode, fn, functools.partial(precision_flags, mode))
+             for role, fn in (("eager", model), ("compile", compiled)) for mode in modes]
+    return calls, make_inputs
+
+
+def time_paired(msg: TimePaired) -> Timed:
+    phases = Phases()
+    phases.merge(_STARTUP_MS, prefix="")
+    probes.pin_precision()  # the numerics the candidate was verified under, the baselines' too
+    try:
+        with phases.phase("reference"):  # CUDA context, Model, its compile; no candidate code yet
+            calls, make_inputs = baseline_calls(msg, phases)
+    except BaseException as exc:  # noqa: BLE001 - not the candidate's failure: the parent raises
+        return Timed(ok=False, harness_error=True, error=describe_exception(exc), phases_ms=phases.as_dict())
+    try:
+        with phases.phase("build"):  # extension, model_new.py, ModelNew, state
+            candidate = candidate_model(msg)
+        with phases.phase("measure"), torch.no_grad():
+            paired = measure_paired([PairedCall("candidate", "", candidate), *calls], make_inputs, msg.config,
+                                    msg.paired)
+    except BaseException as exc:  # noqa: BLE001 - a candidate that fails here is a result
+        return Timed(ok=False, error=describe_exception(exc), phases_ms=phases.as_dict())
+    phases.add("measure.rounds", paired.seconds * 1e3)
+    return Timed(ok=True, measurement=paired.fastest("candidate"), paired=paired, phases_ms=phases.as_dict())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         msg = pipe.receive(time_request_decoder)
     except ChildGone:
         return 0
-    pipe.send(time_candidate(msg))
+    pipe.send(time_paired(msg) if isinstance(msg, TimePaired) else time_candidate(msg))
     return 0
 
 

@@ -1,53 +1,16 @@
-"""GPU timing of one callable: CuPy events on torch's current stream, L2 flushed before every
-sample, inputs rotated, warm-up by time, median with adaptive repetitions, clocks logged.
+"""The pure half of GPU timing: the config, the sampling loop and the summary of one callable.
 
-What it is: the pure half of `rewards.timing.gpu_timer.measure` (which returns a `Measurement`,
-a `Timing` plus the evidence behind it): the config, the sampling loop (`warm_up`,
-`sample_until_stable`, `stop_reason`) over any sampler and clock, so tests drive it on a CPU with
-fakes, and the summary. The statistics are in `rewards.timing.stats`. This module imports on a
-machine without CuPy or torch.
+One sample flushes L2, times one call between CUDA events on torch's current stream, then
+synchronizes the device (the layout and its reasons: `rewards.timing.gpu_timer.Gpu.timed`).
+Around the samples: inputs rotate through a pool, the warm-up runs by time and SM clock, the
+result is the median and sampling stops when its standard error is small; calls under 50 us are
+timed as CUDA-graph replays. `rewards.timing.gpu_timer.measure` drives this loop on a GPU; tests
+drive it on a CPU with fake samplers and clocks. It imports without CuPy or torch.
 
-What it is not: no correctness check, no precision flags (`rewards.verify.precision`), no baselines
-(`rewards.timing.baselines`), no reward (`rewards.reward`). It must run in a GPU worker process.
+What it is not: no statistics (`rewards.timing.stats`), no correctness check, no precision flags
+(`rewards.verify.precision`), no baselines (`rewards.timing.baselines`), no reward.
 
-One sample in event mode (REFERENCE.md section 4):
-
-    memset of a buffer >= 2x L2 on the stream  # flushes L2 and keeps the GPU busy, so the call's
-    host clock h0                              #   launch latency and Python overhead queue
-    start event on the stream                  #   behind it instead of being timed
-    fn(*pool[i % len(pool)])
-    end event on the stream
-    device-wide synchronize; host clock h1     # waits for every stream, not just this one
-    device = elapsed(start, end); host = h1 - h0
-
-Why the end event is recorded right after the call and not after the device-wide synchronize:
-recorded after a synchronize, the events would see side-stream work too, but every sample would
-also carry the synchronize wake-up plus one launch onto an idle GPU (16-30 us on an H200), a
-constant 1-3% on a millisecond kernel that pulls every speedup toward 1. So the events time the
-candidate's stream exactly, the synchronize keeps samples apart, and the host interval of the
-same sample is the cross-check: `side_work_suspect` is set when host - device exceeds the flush
-still running at h0 plus a slack (REFERENCE.md section 3, item 7). The verifier turns that flag
-into a SIDE_STREAM verdict; this module only reports it.
-
-Around the samples: `input_pool` input sets are made up front and rotated (a cache keyed by
-pointer sees a new one each call); the warm-up runs by time (`warmup_s`, the first call not
-counted) and, when NVML reads the SM clock, on until it reaches `clock_ready_fraction` of its
-maximum (idle 345 MHz, loaded 1980 MHz on an H200); clocks are logged before and after; Python's
-GC is paused. The stopping rule runs every `check_every` samples: stop once `min_samples` exist
-and the standard error of the median is at most `target_rel_stderr` (0.5%) of it, else at
-`max_samples` or `max_time_s`. The result is the median; `Timing.rel_stderr` keeps its meaning
-(the mean's), `Measurement.rel_stderr_median` is the stopping statistic, which speedups use
-(`rewards.timing.baselines.report`); statistics in `rewards.timing.stats`.
-
-CUDA-graph mode, for calls under `graph_threshold_us` (at that size the harness, not the kernel,
-decides the number): N calls (inputs rotated) are captured in one `torch.cuda.CUDAGraph`; a
-sample is one flushed replay / N. Only the first call of a replay sees a cold L2, which does not
-matter at that size. KernelBench-style tasks are mostly millisecond-scale (v0.1 sizes run 1-15 ms
-on an H100; the paper's data filter keeps eager 1-100 ms), so event mode is the common path. All
-subjects of one task must use one method (`rewards.reward` refuses to compare two): `forced`
-pins the method that the first subject chose.
-
-Example:
+Example (with `rewards.timing.gpu_timer.measure`, in a GPU worker process):
     x = torch.rand(1 << 26, device="cuda")
     m = measure(torch.relu, lambda i: (torch.rand_like(x),), TimingConfig())
     m.timing.median_ms, m.rel_stderr_median, m.clocks_after.sm_clock_mhz
@@ -141,16 +104,25 @@ class Measurement(Struct, frozen=True, kw_only=True):
     host_median_ms: float
     host_ratio: float  # device median / host median: near 1 for an honest millisecond call
     side_work_suspect: bool
+    launch_ratio: float = 0.0
+    """Median host time to launch the call (return of the call) over the device median: near 1
+    or above when the GPU waited for the host's launches (launch-bound); 0 when not measured."""
     clocks_before: ClockInfo | None = None
     clocks_after: ClockInfo | None = None
     sm_clock_max_mhz: float | None = None
     graph_error: str = ""  # why auto mode fell back to events, if it did
     samples_ms: tuple[float, ...] = ()
+    graph_info_ms: float | None = None
+    """A launch-bound subject's time per call as a CUDA-graph replay, for information only
+    (rewards.timing.paired); None when not measured."""
+    graph_info_error: str = ""
+    """Why that graph could not be captured or replayed, if it could not."""
 
 
 class Sample(NamedTuple):
     device_ms: float
     host_ms: float
+    launch_ms: float = 0.0  # host time until the call returned (its launches), 0 if not measured
 
 
 Sampler = Callable[[int], Sample]  # sample(i): one timed call on input set i
@@ -167,7 +139,9 @@ def config_hash(config: TimingConfig) -> str:
 
 
 def forced(config: TimingConfig, method: str) -> TimingConfig:
-    """The config that times with `method` whatever the call length (same method for all subjects)."""
+    """The config that times with `method` whatever the call length. All subjects of one task
+    must use one method (`rewards.reward` refuses to compare two), so the candidate is timed
+    with the method its baselines chose."""
     graph = {METHOD_GRAPH: "always", METHOD_EVENT: "never"}[method]
     return msgspec.structs.replace(config, graph=graph)
 
@@ -181,6 +155,11 @@ def pool_size(set_bytes: int, config: TimingConfig) -> int:
     return max(1, min(config.input_pool, fit))
 
 
+# CUDA-graph mode, for calls under `graph_threshold_us`, where the harness and not the kernel
+# decides the number: N calls (inputs rotated) are captured in one graph and a sample is one
+# flushed replay / N. Only the first call of a replay sees a cold L2, which does not matter at
+# that size. KernelBench-style tasks mostly run 1-15 ms (v0.1 sizes on an H100; the CUDA Agent
+# paper's data filter keeps eager 1-100 ms), so event mode is the common path.
 def use_graph(config: TimingConfig, call_ms: float) -> bool:
     if config.graph != "auto":
         return config.graph == "always"
@@ -193,7 +172,12 @@ def graph_calls(config: TimingConfig, call_ms: float) -> int:
 
 
 def stop_reason(samples: Sequence[float], elapsed_s: float, config: TimingConfig) -> str | None:
-    """converged | max_samples | max_time, or None to keep sampling."""
+    """converged | max_samples | max_time, or None to keep sampling.
+
+    Converged: `min_samples` exist and the standard error of the median is at most
+    `target_rel_stderr` (0.5%) of it. That statistic is `Measurement.rel_stderr_median`, which
+    speedups use (`rewards.timing.baselines.report`); `Timing.rel_stderr` keeps its meaning (the
+    mean's)."""
     n = len(samples)
     if n >= config.min_samples and stats.rel_stderr_median(samples) <= config.target_rel_stderr:
         return "converged"
@@ -218,7 +202,9 @@ def warm_up(
     clock_ready: Callable[[], bool] | None = None,
 ) -> WarmUp:
     """Call until warmup_s has passed, then on while the SM clock is not ready (up to warmup_max_s).
-    The clock starts after the first call, which may compile, load modules or autotune."""
+    The clock starts after the first call, which may compile, load modules or autotune. Warm-up
+    goes by time because the SM clock climbs from idle (345 MHz) to 1980 MHz under load on an
+    H200; `clock_ready` says when NVML reads it at `clock_ready_fraction` of its maximum."""
     times = [sample(0).device_ms]
     start = clock()
     while True:
@@ -235,20 +221,22 @@ class Run(NamedTuple):
     host_ms: list[float]
     stop: str
     seconds: float
+    launch_ms: Sequence[float] = ()
 
 
 def sample_until_stable(sample: Sampler, config: TimingConfig, *, clock: Clock = time.perf_counter) -> Run:
     """Sample until `stop_reason` says so, evaluating it every `check_every` samples or at the cap."""
-    start, device, host = clock(), [], []
+    start, device, host, launch = clock(), [], [], []
     while True:
         s = sample(len(device))
         device.append(s.device_ms)
         host.append(s.host_ms)
+        launch.append(s.launch_ms)
         elapsed = clock() - start
         due = len(device) % config.check_every == 0 or elapsed >= config.max_time_s
         reason = stop_reason(device, elapsed, config) if due or len(device) >= config.max_samples else None
         if reason is not None:
-            return Run(device, host, reason, elapsed)
+            return Run(device, host, reason, elapsed, launch)
 
 
 def summarize(
@@ -264,6 +252,9 @@ def summarize(
     """A Measurement from a finished run; `evidence` fills the device-side fields."""
     device_median = stats.median(run.device_ms)
     host_median = stats.median(run.host_ms)
+    # The host interval of a sample is the cross-check of its events: work the events do not see
+    # (a side stream) shows up only there. The flag is reported in the Measurement; SIDE_STREAM
+    # verdicts come from the verifier's own stream checks (rewards.verify.judge).
     suspect = stats.side_work_suspect(
         device_median,
         host_median,
@@ -271,8 +262,11 @@ def summarize(
         slack_ms=config.host_slack_ms / calls,
         slack_rel=config.host_slack_rel,
     )
+    host_ratio = device_median / host_median if host_median > 0 else math.inf
+    timing = Timing.from_samples(run.device_ms, method=method, clocks=evidence.get("clocks_after"))
+    launch_median = stats.median(run.launch_ms) if run.launch_ms else 0.0
     return Measurement(
-        timing=Timing.from_samples(run.device_ms, method=method, clocks=evidence.get("clocks_after")),
+        timing=msgspec.structs.replace(timing, host_ratio=host_ratio if math.isfinite(host_ratio) else None),
         stop=run.stop,
         rel_stderr_median=stats.rel_stderr_median(run.device_ms),
         outliers=stats.count_outliers(run.device_ms, config.outlier_mads),
@@ -282,8 +276,9 @@ def summarize(
         sampling_s=run.seconds,
         flush_ms=flush_ms,
         host_median_ms=host_median,
-        host_ratio=device_median / host_median if host_median > 0 else math.inf,
+        host_ratio=host_ratio,
         side_work_suspect=suspect,
+        launch_ratio=launch_median / device_median if device_median > 0 else 0.0,
         samples_ms=tuple(run.device_ms) if config.keep_samples else (),
         **evidence,
     )

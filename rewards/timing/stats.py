@@ -126,7 +126,7 @@ def side_work_suspect(
     For a synchronous sample the host interval (call start to device-wide synchronize) covers
     the device interval plus the rest of the lead kernel (`lead_ms`, the L2 flush still running
     when the call began) and the synchronize latency. Work that the events do not see, e.g. a
-    kernel on a side stream (REFERENCE.md section 3, item 7: a 2.85 ms matmul read as 0.17 ms),
-    shows up only in the host interval.
+    kernel on a side stream (rewards/README.md, hack 7: on an H200 a 2.85 ms side-stream matmul
+    read as 0.17 ms), shows up only in the host interval.
     """
     return host_ms - device_ms > lead_ms + slack_ms + slack_rel * host_ms

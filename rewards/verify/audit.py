@@ -2,37 +2,12 @@
 kernel with its time and stream (profiler attribution).
 
 What it is:
-- `OpAudit`, a `TorchDispatchMode` the child (`rewards.verify.candidate`) runs forward under. It sees
-  every op that reaches the dispatcher, from model_new.py and from the extension's C++ alike
+- `OpAudit`, a `TorchDispatchMode` the child (`rewards.verify.candidate`) runs forward under. It
+  sees every op that reaches the dispatcher, from model_new.py and from the extension's C++ alike
   (`at::relu` in a binding is as visible as `torch.relu`); it records names only.
-- `op_violations(ops)`, run by the trusted parent on those names: an explicit allow-list.
+- `op_violations(ops)`, run by the trusted parent on those names: an explicit allow-list
+  (allocation, views, metadata; rewards/README.md, hack 1; SKILL.md rule "no torch compute").
 - `kernel_names(sources)`, `attribute(events, ...)`: which GPU time belongs to the candidate.
-
-The op allow-list (REFERENCE.md section 3, item 1; SKILL.md rule "no torch compute"):
-- allocation: empty*, new_empty*, zeros/zeros_like/new_zeros (a memset for atomic accumulators,
-  as in `rewards.static.policy`; a zero output is the degenerate-output check's business),
-  scalar_tensor and lift_fresh (constants);
-- `zero_`/`fill_` only on a tensor allocated during this forward (allocation-time
-  initialisation); on anything else they compute (or mutate an input);
-- views and metadata: view, _unsafe_view, _reshape_alias, permute, transpose, t, expand,
-  as_strided, slice, select, squeeze, unsqueeze, unbind, split, narrow, alias, detach, diagonal,
-  unfold, size/stride/numel queries and `item()`. `reshape`/`contiguous`/`to` never reach the
-  dispatcher when they are no-ops; when they copy, the audit sees `clone`/`_to_copy`/`copy_`,
-  which are torch doing work (device copies included) and fail the candidate;
-- ops of other namespaces (a TORCH_LIBRARY op of the candidate's own extension). Their inner ops
-  are not visible; `rewards.static.policy` forbids registering such operators, and the profiler
-  attribution still sees the kernels they launch;
-- aten GEMM/convolution ops (mm, addmm, bmm, convolution, ...) fail like any other compute op:
-  cuBLAS and cuDNN are allowed only when called from the candidate's own C++, which pybind calls
-  never route through the dispatcher. `allow_gemm_conv=True` relaxes this (not used by default).
-
-Profiler attribution (items 1, 2, 7): kernels whose name is a `__global__` function of the
-candidate's kernels/*.cu are its own. cuBLAS/cuDNN kernels count as its own only when the task
-has a GEMM or convolution (`task_allows_vendor`: nn.Linear/Conv*/RNNs, matmul/mm/bmm/einsum/
-linear/conv*d, the @ operator) and the candidate's sources call cuBLAS/cuDNN; then every kernel
-that is neither torch's nor a copy counts as vendor (library kernel names change per release).
-Memsets and torch's fill kernel are initialisation and count for nobody; device copies count
-against the candidate. A kernel on another stream than the harness's marker is side-stream work.
 
 What it is not: the verdict. `rewards.verify.judge` turns violations and an `Attribution` into evidence.
 
@@ -55,6 +30,23 @@ from rewards.static.cpp import strip_cpp
 from rewards.verify.wire import KernelEvent
 
 FRESH = "@fresh"  # suffix of an init op applied to a tensor allocated during this forward
+
+# The op allow-list:
+# - allocation: empty*, new_empty*, zeros/zeros_like/new_zeros (a memset for atomic accumulators,
+#   as in `rewards.static.policy`; a zero output is the degenerate-output check's business),
+#   scalar_tensor and lift_fresh (constants);
+# - `zero_`/`fill_` only on a tensor allocated during this forward (allocation-time
+#   initialisation); on anything else they compute (or mutate an input);
+# - views and metadata. `reshape`/`contiguous`/`to` never reach the dispatcher when they are
+#   no-ops; when they copy, the audit sees `clone`/`_to_copy`/`copy_`, which are torch doing work
+#   (device copies included) and fail the candidate;
+# - ops of other namespaces (a TORCH_LIBRARY op of the candidate's own extension). Their inner
+#   ops are not visible; `rewards.static.policy` forbids registering such operators, and the
+#   profiler attribution still sees the kernels they launch;
+# - aten GEMM/convolution ops (mm, addmm, bmm, convolution, ...) fail like any other compute op:
+#   cuBLAS and cuDNN are allowed only when called from the candidate's own C++, which pybind
+#   calls never route through the dispatcher. `allow_gemm_conv=True` relaxes this (not used by
+#   default).
 
 ALLOCATION_OPS = frozenset(
     "empty empty_like empty_strided empty_permuted new_empty new_empty_strided zeros zeros_like "
@@ -114,7 +106,7 @@ class OpAudit(TorchDispatchMode):
 
 
 def op_violations(ops: Mapping[str, int], *, allow_gemm_conv: bool = False) -> list[str]:
-    """The recorded op names that are torch doing work (module docstring), sorted."""
+    """The recorded op names that are torch doing work (the allow-list above), sorted."""
     return sorted(name for name in ops if not _allowed(name, allow_gemm_conv))
 
 
@@ -132,7 +124,14 @@ def _allowed(name: str, allow_gemm_conv: bool) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Profiler attribution (trusted side).
+# Profiler attribution (trusted side; hacks 1, 2 and 7). Kernels whose name is a `__global__`
+# function of the candidate's kernels/*.cu are its own. cuBLAS/cuDNN kernels count as its own
+# only when the task has a GEMM or convolution (`task_allows_vendor`: nn.Linear/Conv*/RNNs,
+# matmul/mm/bmm/einsum/linear/conv*d, the @ operator) and the candidate's sources call
+# cuBLAS/cuDNN; then every kernel that is neither torch's nor a copy counts as vendor (library
+# kernel names change per release). Memsets and torch's fill kernel are initialisation and count
+# for nobody; device copies count against the candidate. A kernel on another stream than the
+# harness's marker is side-stream work.
 
 _GLOBAL = re.compile(r"__global__\b")
 _LAUNCH_BOUNDS = re.compile(r"__launch_bounds__\s*\([^)]*\)")
@@ -236,7 +235,7 @@ class Attribution(Struct, frozen=True, kw_only=True):
 def attribute(
     events: Iterable[KernelEvent], *, marker_stream: int | None, own: set[str], vendor_counts: bool
 ) -> Attribution:
-    """Sum the profiled forward's GPU time by kind (module docstring)."""
+    """Sum the profiled forward's GPU time by kind (the rules above `kernel_names`)."""
     us: Counter[str] = Counter()
     launches, torch_names, vendor_names, foreign = 0, set(), set(), set()
     for event in events:

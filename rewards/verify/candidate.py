@@ -3,15 +3,16 @@
 What it is: the only process that runs candidate code during verification. It answers the
 parent's messages (`rewards.verify.wire`): `Load` builds ModelNew (extension loaded by path,
 model_new.py imported by path, constructed under the init seed, the parent's state_dict loaded
-strictly, moved to the device); each `Trial` draws the inputs with `rewards.verify.inputs` from the seed
-the parent sends, poisons the allocator, runs forward once under the dispatch audit (or the
-profiler), probes what forward left behind, writes the outputs to a blob file and reports.
+as far as `load_state` can map it, moved to the device); each `Trial` draws the inputs with
+`rewards.verify.inputs` from the seed the parent sends, poisons the allocator, runs forward
+once under the dispatch audit (or the profiler), probes what forward left behind, writes the
+outputs to a blob file and reports.
 
 What it is not: a judge. It reports observations and never decides; whatever it says can be a
 lie of the candidate it hosts, which is why correctness is decided by the parent on the raw
 outputs. No reference model ever runs here (its class is dropped from the task namespace), so
-an allocation cannot hand the candidate a freed reference output (REFERENCE.md section 3,
-item 6): that cheat is impossible by construction.
+an allocation cannot hand the candidate a freed reference output (rewards/README.md, hack 6):
+that cheat is impossible by construction.
 
 How it is used: started by `rewards.verify.verifier.CandidateProcess`, one per verified candidate (tests
 may reuse one for several pure-PyTorch candidates). The channel lives on private fds; stdout and
@@ -36,7 +37,7 @@ from pathlib import Path
 
 from rewards.verify.phases import Phases, process_age_ms
 
-_STARTUP_MS = {"interpreter": process_age_ms()}  # issue 3: where a verify job's time goes
+_STARTUP_MS = {"interpreter": process_age_ms()}  # where a verify job's time goes (phases)
 _import_start = time.perf_counter()
 
 import torch
@@ -80,8 +81,9 @@ def _import_model_new(path: Path):
     return module
 
 
-def build_model(load: Load) -> torch.nn.Module:
-    """ModelNew(*init_inputs) under the init seed, with the reference's state_dict (strict)."""
+def build_model(load: Load) -> tuple[torch.nn.Module, str]:
+    """ModelNew(*init_inputs) under the init seed, with the reference's state_dict as far as
+    `load_state` can map it; the model on the device and how its state was loaded."""
     root = Path(load.candidate_dir)
     if load.so_path:
         from rewards.build.loader import load_extension
@@ -94,14 +96,51 @@ def build_model(load: Load) -> torch.nn.Module:
     torch.manual_seed(load.init_seed)
     model = model_cls(*ast.literal_eval(load.init_inputs))
     state = {name: read_tensor(Path(load.transfer_dir), ref) for name, ref in load.state.items()}
+    how = load_state(model, state)
+    return model.to(load.device), how
+
+
+def load_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> str:
+    """Load the reference's state_dict into ModelNew as far as it can be mapped; say how.
+
+    By name when both have the same names with the same shapes. Otherwise by position when the
+    two lists of (shape, dtype) agree in order, or by shape when they agree as sets and every
+    (shape, dtype) occurs once: ModelNew may call `conv.weight` `conv_weight`, or hold a fused
+    module's parameters itself. Otherwise nothing is loaded and ModelNew keeps the values it
+    was built with under the init seed, the seed the reference was built under (KernelBench's
+    rule: parameters created in the same order get the same values). Naming alone never fails
+    a candidate; one whose parameters differ from the reference's is judged on its outputs.
+    The candidate receives the same tensors it always did, only under its own names.
+    """
+    own = model.state_dict()
+    plan = _state_plan(own, state)
+    if plan is None:
+        return "same seed, not loaded"
+    how, names = plan
     try:
-        model.load_state_dict(state, strict=True)
+        model.load_state_dict({mine: state[theirs] for mine, theirs in names.items()}, strict=True)
     except RuntimeError as exc:
-        raise RuntimeError(
-            "ModelNew must have exactly Model's parameter and buffer names and shapes "
-            f"(load_state_dict(strict=True) failed): {exc}"
-        ) from None
-    return model.to(load.device)
+        raise RuntimeError(f"ModelNew rejected the reference's state_dict ({how}): {exc}") from None
+    return how
+
+
+def _state_plan(own: dict, ref: dict) -> tuple[str, dict[str, str]] | None:
+    """(how, ModelNew's name -> the reference's name), or None when no mapping is sound."""
+    if own.keys() == ref.keys() and all(own[k].shape == ref[k].shape for k in own):
+        return "loaded by name", {k: k for k in own}
+    if not own or len(own) != len(ref):
+        return None
+    mine, theirs = [_signature(t) for t in own.values()], [_signature(t) for t in ref.values()]
+    if mine == theirs:
+        return f"mapped by position ({len(own)} tensors)", dict(zip(own, ref))
+    if len(set(mine)) == len(mine) and set(mine) == set(theirs):
+        by_signature = {_signature(t): name for name, t in ref.items()}
+        return f"mapped by shape ({len(own)} tensors)", {k: by_signature[_signature(t)] for k, t in own.items()}
+    return None
+
+
+def _signature(t: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:
+    return tuple(t.shape), t.dtype
 
 
 def _as_list(out) -> list:
@@ -170,14 +209,15 @@ class Session:
         try:
             with phases.phase("build"):  # extension, model_new.py, ModelNew, state_dict, .to(device)
                 task = load_task(load.task_source, keep_model=False)
-                model = build_model(load)
+                model, state = build_model(load)
         except BaseException as exc:  # noqa: BLE001 - a candidate that fails to load is a verdict
             return None, Loaded(ok=False, error=describe_exception(exc), pid=os.getpid(), before=before,
                                 phases_ms=phases.as_dict())
         session = cls(load, model, task)
         with phases.phase("snapshot"):
             after = probes.snapshot()
-        return session, Loaded(ok=True, pid=os.getpid(), before=before, after=after, phases_ms=phases.as_dict())
+        return session, Loaded(ok=True, pid=os.getpid(), before=before, after=after, state=state,
+                               phases_ms=phases.as_dict())
 
     def stream_context(self):
         return torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext()

@@ -5,7 +5,7 @@ What it is: `check_output(out, ref)` (shape, dtype, non-finite values, elementwi
 primitives `rewards.verify.judge` uses to spot degenerate and replayed outputs (`is_constant`,
 `samples`, `mean_abs`). Large tensors are processed in chunks, in float64, on their device.
 
-Tolerances are tied to the output dtype (REFERENCE.md section 3, item 12):
+Tolerances are tied to the output dtype (rewards/README.md, hack 12):
 
     dtype     atol = rtol   precision floor
     float32   1e-2          2e-5       (the paper's assert_close tolerance)

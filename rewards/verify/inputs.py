@@ -7,17 +7,6 @@ RNG seeded and with `torch.rand`/`torch.randn` (and their `_like` forms) replace
 variant; `plan_trials(...)` lays out the trials of a verification; `derive_seed` turns the one
 hidden seed into per-trial seeds.
 
-Why variants (REFERENCE.md section 2, item 13): KernelBench draws every float input with
-`torch.rand` (uniform on [0, 1)), so at allclose 1e-2 an all-zero output passes 11 problems and
-the input returned unchanged passes 5 (ReLU-like ops on non-negative inputs). The variants:
-- "task": `get_inputs()` as written;
-- "signed": every `torch.rand` value u becomes 2u - 1 (uniform on [-1, 1));
-- "scaled": the signed values times `scale` (drawn per trial from [2, 6]), `torch.randn` times
-  `scale` as well.
-Only the random float draws change: `torch.randint` targets, boolean masks, sizes and any
-post-processing in `get_inputs` (a softmax over `torch.rand`) stay valid. A variant whose
-reference is not finite (a log of a negative value) is replaced by "task" in `rewards.verify.verifier`.
-
 What it is not: no comparison and no process handling. Both sides import it: the trusted parent
 draws the inputs for its reference, the candidate child draws the same ones from the same
 (seed, variant, scale) after the parent sends them, and the parent checks the child's input
@@ -37,6 +26,18 @@ from typing import Any
 
 from msgspec import Struct
 
+# Why variants (rewards/README.md, hack 13): KernelBench draws every float input with
+# `torch.rand` (uniform on [0, 1)), so at allclose 1e-2 an all-zero output passes 11 of the
+# KernelBench L1-3 problems and the input returned unchanged passes 5 (ReLU-like ops on
+# non-negative inputs). The variants:
+# - "task": `get_inputs()` as written;
+# - "signed": every `torch.rand` value u becomes 2u - 1 (uniform on [-1, 1));
+# - "scaled": the signed values times `scale` (drawn per trial from SCALE_RANGE), `torch.randn`
+#   times `scale` as well.
+# Only the random float draws change: `torch.randint` targets, boolean masks, sizes and any
+# post-processing in `get_inputs` (a softmax over `torch.rand`) stay valid. A variant whose
+# reference is not finite (a log of a negative value) is replaced by "task" in
+# `rewards.verify.trials`.
 VARIANTS = ("task", "signed", "scaled")
 SCALE_RANGE = (2.0, 6.0)
 _PATCHED = ("rand", "rand_like", "randn", "randn_like")

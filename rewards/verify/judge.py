@@ -1,32 +1,11 @@
 """Turns what a verification observed into one `Verdict`, on the trusted side.
 
-What it is: `Judge` collects evidence while `rewards.verify.verifier` runs the trials: from the child's
-load and trial reports (snapshots, dispatch audit, fingerprints, profiler events) and from the
-parent's own comparison of the raw outputs with its reference (`rewards.verify.compare`). Evidence is
-either a hack (a `HackCategory`) or a failure (a `VerdictStatus`); `verdict()` reports the hack
-that ranks first in `PRECEDENCE`, else a runtime error or timeout, else the first failure.
-
-The rules, each with the REFERENCE.md section 3 item it answers:
-- load or forward changed a torch flag (TF32, cudnn, autocast, matmul precision, default dtype,
-  threads): GLOBAL_STATE (11); rebound a timer, synchronize, event or comparison: MONKEY_PATCH (10);
-- Python threads or child processes left running: BACKGROUND_WORKER (8);
-- the child's inputs are not the bits the parent drew from the same seed: PROBLEM_SHRINKING (19);
-- a disallowed op in the dispatch audit or a torch kernel in the profile: TORCH_COMPUTE (1);
-  cuBLAS/cuDNN kernels in a task without GEMM/convolution: VENDOR_LIBRARY;
-- an input's bytes changed: INPUT_MUTATION (14);
-- an output changed between "current stream done" and "device synchronized", or a kernel ran
-  on another stream than the harness's: SIDE_STREAM (7);
-- an earlier call's output changed during a later call: DEFERRED_WORK (5);
-- an output shares memory with an earlier call's output, equals an earlier trial's output for
-  different inputs, is closer to an earlier trial's reference than to its own, or fails only
-  when the inputs arrive in the previous trial's tensors: OUTPUT_CACHING (4);
-- no kernel of kernels/*.cu launched, or they carry less than `min_own_share` of the GPU time:
-  DECOY_KERNEL (2);
-- two runs on the same inputs under different allocator poison disagree: NONDETERMINISM (17);
-- a constant output for a non-constant reference, or an input returned unchanged:
-  DEGENERATE_OUTPUT (13);
-- outputs within tolerance but far below their dtype's precision: PRECISION_DOWNGRADE (12);
-- not a plain tensor with storage (a subclass, meta, lazy): LAZY_TENSOR (9).
+What it is: `Judge` collects evidence while `rewards.verify.verifier` runs the trials: from the
+child's load and trial reports (snapshots, dispatch audit, fingerprints, profiler events) and
+from the parent's own comparison of the raw outputs with its reference (`rewards.verify.compare`).
+Evidence is either a hack (a `HackCategory`) or a failure (a `VerdictStatus`); `verdict()`
+reports the hack that ranks first in `PRECEDENCE`, else a runtime error or timeout, else the
+first failure. The rules are listed above `PRECEDENCE` and in rewards/README.md.
 
 What it is not: no process handling, no reference computation, no I/O.
 """
@@ -37,13 +16,39 @@ import math
 
 from msgspec import Struct
 
+from rewards.verdict import PARTIAL, Rules, Verdict, VerdictStatus
+from rewards.verdict import HackCategory as H
 from rewards.verify import compare
 from rewards.verify.audit import attribute, op_violations
 from rewards.verify.probes import fingerprint
-from rewards.verdict import HackCategory as H
-from rewards.verdict import Verdict, VerdictStatus
 from rewards.verify.wire import Loaded, OutputInfo, Snapshot, TrialReport
 
+# The rules, each with its hack number in rewards/README.md:
+# - load or forward changed a torch flag (TF32, cudnn, autocast, matmul precision, default dtype,
+#   threads): GLOBAL_STATE (11); rebound a timer, synchronize, event or comparison:
+#   MONKEY_PATCH (10);
+# - Python threads or child processes left running: BACKGROUND_WORKER (8);
+# - the child's inputs are not the bits the parent drew from the same seed: PROBLEM_SHRINKING (19);
+# - a disallowed op in the dispatch audit or a torch kernel in the profile: TORCH_COMPUTE (1);
+#   cuBLAS/cuDNN kernels in a task without GEMM/convolution: VENDOR_LIBRARY;
+# - an input's bytes changed: INPUT_MUTATION (14);
+# - an output changed between "current stream done" and "device synchronized", or a kernel ran
+#   on another stream than the harness's: SIDE_STREAM (7);
+# - an earlier call's output changed during a later call: DEFERRED_WORK (5);
+# - an output shares memory with an earlier call's output, equals an earlier trial's output for
+#   different inputs, is closer to an earlier trial's reference than to its own, or fails only
+#   when the inputs arrive in the previous trial's tensors: OUTPUT_CACHING (4);
+# - no kernel of kernels/*.cu launched, or they carry less than `min_own_share` of the GPU time:
+#   DECOY_KERNEL (2);
+# - under KernelBench's rules (`rules="kernelbench"`) torch ops and torch kernels are not hacks
+#   but "partial" work (`details["partial"]`); own kernels must still run and carry at least
+#   `partial_min_own_share` of the GPU time, and torch must leave some op of the reference to
+#   them (torch running every compute op the reference runs is DECOY_KERNEL);
+# - two runs on the same inputs under different allocator poison disagree: NONDETERMINISM (17);
+# - a constant output for a non-constant reference, or an input returned unchanged:
+#   DEGENERATE_OUTPUT (13);
+# - outputs within tolerance but far below their dtype's precision: PRECISION_DOWNGRADE (12);
+# - not a plain tensor with storage (a subclass, meta, lazy): LAZY_TENSOR (9).
 PRECEDENCE = (
     H.LAZY_TENSOR, H.MONKEY_PATCH, H.PROBLEM_SHRINKING, H.GLOBAL_STATE, H.BACKGROUND_WORKER,
     H.TORCH_COMPUTE, H.VENDOR_LIBRARY, H.INPUT_MUTATION, H.SIDE_STREAM, H.DEFERRED_WORK,
@@ -64,7 +69,9 @@ class Evidence(Struct, frozen=True, kw_only=True):
 class JudgeSettings(Struct, frozen=True, kw_only=True):
     allow_torch_compute: bool = False
     allow_gemm_conv: bool = False
+    rules: Rules = "paper"
     min_own_share: float = 0.5
+    partial_min_own_share: float = 0.005  # under rules="kernelbench"
     precision_factor: float = 8.0
     atol: float | None = None
     rtol: float | None = None
@@ -89,7 +96,7 @@ def _diff(base: Snapshot, now: Snapshot, field: str) -> list[str]:
 
 
 class Judge:
-    """Evidence in, one Verdict out; see the module docstring for the rules."""
+    """Evidence in, one Verdict out; the rules are listed above `PRECEDENCE`."""
 
     def __init__(self, settings: JudgeSettings) -> None:
         self.s = settings
@@ -101,6 +108,8 @@ class Judge:
         self.first_runs: list[tuple[bool, bool]] = []  # (inputs reused, passed)
         self.precision: list[tuple[float, float]] = []  # (error, floor) of passing outputs
         self.calibration: list[float] = []
+        self.torch_work: set[str] = set()  # torch ops and kernels allowed under kernelbench rules
+        self.reference_ops: frozenset[str] = frozenset()  # compute ops of the reference's forward
         self.max_abs = self.max_rel = 0.0
         self.details: dict[str, float | int | str | bool | None] = {}
 
@@ -128,7 +137,9 @@ class Judge:
         if report.after is not None:
             self._snapshot(report.after, "forward", trial)
         bad_ops = [] if self.s.allow_torch_compute else op_violations(report.ops, allow_gemm_conv=self.s.allow_gemm_conv)
-        if bad_ops:
+        if bad_ops and self.s.rules == "kernelbench":
+            self._partial_ops(bad_ops, trial)
+        elif bad_ops:
             listed = ", ".join(f"{op} x{report.ops[op]}" for op in bad_ops[:8])
             self.hack(H.TORCH_COMPUTE, f"forward ran torch ops: {listed}; only allocation and views may go through torch", trial)
         if report.inputs_changed:
@@ -142,6 +153,15 @@ class Judge:
             self.hack(H.DEFERRED_WORK, "an earlier call's output changed during a later call", trial)
         if report.kernels or report.marker_stream is not None:
             self._attribution(report, trial)
+
+    def _partial_ops(self, ops: list[str], trial: int) -> None:
+        """KernelBench's rules: torch ops are partial work, unless they are all the reference's."""
+        packets = {_packet(op) for op in ops}
+        self.torch_work |= packets
+        if self.reference_ops and self.reference_ops <= packets:
+            listed = ", ".join(sorted(self.reference_ops)[:8])
+            self.hack(H.DECOY_KERNEL, f"torch ran every compute op of the reference ({listed}): the "
+                      "candidate's own kernels do none of the task's work", trial)
 
     def _snapshot(self, now: Snapshot, when: str, trial: int | None) -> None:
         base = self.baseline
@@ -167,7 +187,10 @@ class Judge:
                       f"({STREAM_HINT})", trial)
         if s.allow_torch_compute:
             return
-        if att.torch_kernels:
+        kernelbench = s.rules == "kernelbench"
+        if att.torch_kernels and kernelbench:
+            self.torch_work |= {f"kernel {k}" for k in att.torch_kernels}
+        elif att.torch_kernels:
             self.hack(H.TORCH_COMPUTE, f"the profiled forward ran torch kernels: {', '.join(att.torch_kernels[:5])}", trial)
         if s.vendor_used and not s.vendor_allowed and att.us.get("vendor"):
             self.hack(H.VENDOR_LIBRARY, "cuBLAS/cuDNN kernels ran in a task without GEMM or convolution", trial)
@@ -175,9 +198,9 @@ class Judge:
         spent = ", ".join(f"{k} {v:.0f} us" for k, v in sorted(att.us.items()))
         if not counted:
             self.hack(H.DECOY_KERNEL, f"no kernel of kernels/*.cu ran in forward (GPU time: {spent or 'none'})", trial)
-        elif att.share is not None and att.share < s.min_own_share:
-            self.hack(H.DECOY_KERNEL, f"the candidate's kernels carry {att.share:.0%} of the GPU time "
-                      f"(need {s.min_own_share:.0%}; {spent})", trial)
+        elif att.share is not None and att.share < (need := s.partial_min_own_share if kernelbench else s.min_own_share):
+            self.hack(H.DECOY_KERNEL, f"the candidate's kernels carry {att.share:.1%} of the GPU time "
+                      f"(need {need:.1%}; {spent})", trial)
 
     # -- the parent's comparison ---------------------------------------------------------------
 
@@ -289,10 +312,12 @@ class Judge:
 
     def verdict(self, trials: int) -> Verdict:
         self._pointer_cache()
+        if self.torch_work:
+            self.details[PARTIAL] = ", ".join(sorted(self.torch_work))[:1000]
         if not any(e.status is not VerdictStatus.HACK for e in self.evidence) and self.error is None:
             self._precision_verdict()
         common = {"trials": trials, "max_abs_err": self._num(self.max_abs), "max_rel_err": self._num(self.max_rel),
-                  "details": self.details}
+                  "details": self.details, "rules": self.s.rules}
         hacks = sorted((e for e in self.evidence if e.category), key=lambda e: PRECEDENCE.index(e.category))
         if hacks:
             first, others = hacks[0], sorted({e.category.value for e in hacks[1:]} - {hacks[0].category.value})
@@ -303,8 +328,14 @@ class Judge:
         failures = [e for e in self.evidence if e.category is None]
         if failures:
             return Verdict(status=failures[0].status, message=failures[0].message, **common)
-        return Verdict(status=VerdictStatus.OK, message=f"{trials} trials passed", **common)
+        partial = f"; partial: torch does {self.details[PARTIAL]}" if self.torch_work else ""
+        return Verdict(status=VerdictStatus.OK, message=f"{trials} trials passed{partial}", **common)
 
     @staticmethod
     def _num(x: float) -> float | None:
         return x if math.isfinite(x) else None
+
+
+def _packet(op: str) -> str:
+    """"aten.relu.default" -> "aten.relu"."""
+    return ".".join(op.split(".")[:2])

@@ -6,7 +6,7 @@ synchronize so GPU work is charged to the phase that queued it; `merge` folds a 
 own phases in under a prefix; `process_age_ms()` is how long this process has existed (the
 interpreter's start-up, before any of our code ran).
 
-Naming (issue 3: each verify/profile job under 3 s; these say which part is over): top-level
+Naming (the target is each verify/profile job under 3 s; these say which part is over): top-level
 names ("spawn", "load", "trial.reference", ...) are disjoint intervals of the trusted side, so
 they sum to at most the handler's run time; names under "child." are the child's own account of
 its side (import, CUDA warm-up, build, per-run probes). They nest inside, or overlap with, the

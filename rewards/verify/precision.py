@@ -1,30 +1,13 @@
 """The precision policy: the math modes baselines are timed in and candidates are judged in.
 
 What it is: `PrecisionPolicy` (its `name` goes into baseline cache keys), the two policies
-`FP32` (the default) and `TF32_BEST`, `precision_flags(mode)`, a context manager that pins
-torch's float32 math mode and restores every flag on exit, and `snapshot_flags()`, which the
-verifier compares before and after a candidate runs (REFERENCE.md section 3, item 11).
+`FP32` (the default: reference, eager and torch.compile all in true fp32) and `TF32_BEST`,
+`precision_flags(mode)`, a context manager that pins torch's float32 math mode and restores every
+flag on exit, and `snapshot_flags()`, which the verifier compares before and after a candidate
+runs (rewards/README.md, hack 11).
 
-What it is not: it computes no errors and times nothing: `rewards.verify.compare` holds the tolerances,
-`rewards.timing.baselines` times under `baseline_modes`.
-
-The decision. The paper timed baselines in fp32 while its 1e-2 tolerance admitted TF32 and bf16
-(TF32 alone buys >= 2x on about a third of KernelBench L1), so part of its speedups came from a
-math mode the baseline was denied. We remove the mismatch by tying the tolerance to the
-baseline's precision, not by racing two baselines: under `FP32` (the default) the reference,
-eager and torch.compile all run in true fp32 (TF32 off for cuBLAS and cuDNN, matmul precision
-"highest", cudnn.benchmark off; `rewards.verify.probes.pin_precision` sets the same), and the
-candidate's outputs must pass the dtype-tied precision check of `rewards.verify.compare` (error against
-a float64 reference at most a small factor times torch's own fp32 error, with a floor), which an
-honest fp32 kernel with another summation order passes and TF32 (~3e-4 on signed inputs) or bf16
-(1e-3..1e-2) do not. Why this default: one baseline per subject, so no minimum over two noisy
-numbers (biased low) and half the baseline cost; the reward pays for kernel engineering (tiling,
-fusion, split-precision tricks such as 3xTF32 that really are fp32-accurate), not for flipping a
-math mode; and the comparison is fair by construction, since both sides meet the same accuracy
-bar. `TF32_BEST` exists for parity with TF32-tolerant published numbers: the candidate and its
-reference run with TF32 allowed (so the precision check admits TF32 error), and each baseline is
-timed in fp32 AND TF32 with the faster counting, so the baseline gets every math mode the
-tolerance admits. Only `FP32` is wired through the verifier today.
+What it is not: it computes no errors and times nothing: `rewards.verify.compare` holds the
+tolerances, `rewards.timing.baselines` times under `baseline_modes`.
 
 Example:
     for mode in FP32.baseline_modes:
@@ -66,7 +49,7 @@ _BOOL_FLAGS = (
 
 
 class PrecisionPolicy(Struct, frozen=True, kw_only=True):
-    """How baselines and candidates are made comparable (module docstring)."""
+    """How baselines and candidates are made comparable (why: the comment at `FP32`)."""
 
     name: str
     """Goes into baseline cache keys: a policy change never reuses old baseline times."""
@@ -77,6 +60,22 @@ class PrecisionPolicy(Struct, frozen=True, kw_only=True):
     `rewards.verify.compare` measures the candidate against torch's error in this mode."""
 
 
+# The decision. The CUDA Agent paper timed baselines in fp32 while its 1e-2 tolerance admitted
+# TF32 and bf16 (TF32 alone buys >= 2x on about a third of KernelBench L1), so part of its
+# speedups came from a math mode the baseline was denied. The mismatch is removed by tying the
+# tolerance to the baseline's precision, not by racing two baselines: under FP32 the reference,
+# eager and torch.compile all run in true fp32 (TF32 off for cuBLAS and cuDNN, matmul precision
+# "highest", cudnn.benchmark off; `rewards.verify.probes.pin_precision` sets the same), and the
+# candidate's outputs must pass the dtype-tied precision check of `rewards.verify.compare`
+# (error against a float64 reference at most a small factor times torch's own fp32 error, with a
+# floor), which an honest fp32 kernel with another summation order passes and TF32 (~3e-4 on
+# signed inputs) or bf16 (1e-3..1e-2) do not. Why FP32 is the default: one baseline per subject,
+# so no minimum over two noisy numbers (biased low) and half the baseline cost; the reward pays
+# for kernel engineering (tiling, fusion, split-precision tricks such as 3xTF32 that really are
+# fp32-accurate), not for flipping a math mode; and both sides meet the same accuracy bar.
+# TF32_BEST is for parity with TF32-tolerant published numbers: the candidate and its reference
+# run with TF32 allowed (so the precision check admits TF32 error), and each baseline is timed
+# in fp32 AND TF32 with the faster counting. The verifier uses FP32 only.
 FP32 = PrecisionPolicy(name="fp32-ieee", baseline_modes=("ieee",), tolerance_mode="ieee")
 TF32_BEST = PrecisionPolicy(name="tf32-best", baseline_modes=("ieee", "tf32"), tolerance_mode="tf32")
 POLICIES = {p.name: p for p in (FP32, TF32_BEST)}

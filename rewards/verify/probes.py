@@ -3,8 +3,8 @@ tensor fingerprints, allocator poisoning; plus the precision flags both sides pi
 
 What it is:
 - `pin_precision()`: TF32 off for matmul and cuDNN, matmul precision "highest", cudnn.benchmark
-  off, fp32 default dtype (REFERENCE.md section 3, item 20: by default cuDNN convolutions run in
-  TF32 while matmuls do not). The parent computes its reference under these flags; the child
+  off, fp32 default dtype (rewards/README.md, item 20: by default cuDNN convolutions run in TF32
+  while matmuls do not). The parent computes its reference under these flags; the child
   sets the same before the candidate is imported, so a candidate that flips one is seen.
 - `snapshot()`: torch's global flags (`rewards.verify.precision.snapshot_flags` plus autocast, default
   dtype, deterministic algorithms, grad mode, threads), the identity of functions a cheat would patch
@@ -32,7 +32,7 @@ _perf_counter = time.perf_counter  # the harness's own clock, bound before any c
 
 from rewards.verify.wire import Snapshot
 
-# Functions a cheat would rebind (REFERENCE.md section 3, item 10), as dotted paths.
+# Functions a cheat would rebind (rewards/README.md, hack 10), as dotted paths.
 IDENTITY_PATHS = (
     "time.perf_counter",
     "time.perf_counter_ns",

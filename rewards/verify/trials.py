@@ -5,7 +5,11 @@ precision, builds the reference Model under the init seed, ships its state_dict 
 then for every planned trial draws the inputs, computes the reference (exact fp32, and float64
 for the first trials when cheap), asks the child for one or two forward runs, reads the outputs
 back and feeds the `Judge`. A variant whose reference is not finite (a log of a negative
-input) falls back to the task's own distribution for that trial.
+input) falls back to the task's own distribution for that trial. Once the candidate has run, an
+exception in the trial loop is a RUNTIME_ERROR verdict naming it (and logged with its
+traceback): the candidate's process shares the GPU's memory and the scratch dir, and its
+outputs and reports are what the judge reads. A CUDA error of this process other than out of
+memory is the machine's and raises (`candidate_caused`), as does anything before the candidate ran.
 
 What it is not: the rules (`rewards.verify.judge`), the comparison (`rewards.verify.compare`), the process
 handle (`rewards.verify.verifier.CandidateProcess`). Torch is imported here, so the orchestrator side of
@@ -16,22 +20,46 @@ from __future__ import annotations
 
 import ast
 import copy
+import logging
 import os
 import time
 from pathlib import Path
 
 import torch
 
+from rewards.verdict import Verdict
 from rewards.verify import compare
-from rewards.verify.audit import kernel_names, sources_call_vendor, task_allows_vendor
+from rewards.verify.audit import OpAudit, kernel_names, op_violations, sources_call_vendor, task_allows_vendor
 from rewards.verify.inputs import TrialSpec, derive_seed, draw_inputs, load_task, plan_trials
 from rewards.verify.judge import Judge, JudgeSettings
-from rewards.verify.probes import fingerprint, pin_precision
-from rewards.verdict import Verdict
 from rewards.verify.phases import Phases
+from rewards.verify.probes import fingerprint, pin_precision
 from rewards.verify.wire import BlobWriter, ChildGone, Load, Loaded, Trial, TrialReport, open_cuda, read_tensor
 
-MIB = 1 << 20
+MIB, GIB = 1 << 20, 1 << 30
+logger = logging.getLogger(__name__)
+# Sticky or hardware CUDA errors of this process are the machine's, whatever the candidate did.
+_MACHINE = ("cuda error", "cudaerror", "cublas", "cudnn", "nccl", "ecc error")
+
+
+def candidate_caused(exc: BaseException) -> bool:
+    """Whether an exception of the trial loop, once the candidate's code has run, is put down to
+    the candidate: out of device memory (its process holds the rest), the scratch files it
+    shares (OSError), outputs and reports the judge cannot read (TypeError, ValueError, ...).
+    Not a CUDA error of this process other than out of memory: that is the machine's."""
+    text = str(exc).lower()
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or "alloc_failed" in text:
+        return True
+    return not any(marker in text for marker in _MACHINE)
+
+
+def _remove(path: Path) -> None:
+    """Delete a transfer file; the candidate can reach the transfer dir, so whatever it left there
+    (a directory, no permission) is no failure of ours: the dir is removed whole at the end."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def _as_list(out) -> list:
@@ -54,8 +82,8 @@ class Verification:
         self.request, self.config = request, request.config
         self.work_dir, self.transfer, self.child, self.deadline = work_dir, transfer, child, deadline
         self.device = torch.device(request.device)
-        # Trusted-side phases end with a synchronize of this process's own work (issue 3's
-        # breakdown); it orders nothing the candidate can observe.
+        # Trusted-side phases end with a synchronize of this process's own work (so GPU time is
+        # charged to the phase that queued it); it orders nothing the candidate can observe.
         self.phases = phases or Phases()
         if self.device.type == "cuda":
             self.phases.sync = lambda: torch.cuda.synchronize(self.device)
@@ -63,6 +91,7 @@ class Verification:
         self.runs = 0
         self.model64: torch.nn.Module | None = None
         self.fp64_ok: bool | None = None
+        self.reference_audited = False
 
     def run(self) -> Verdict:
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -80,13 +109,28 @@ class Verification:
                            poison=self.config.poison and self.device.type == "cuda",
                            profile=self.config.profile and self.device.type == "cuda")
         done, variants = 0, []
-        for spec in plan:
-            variant = self._trial(spec)
-            if variant is None:
-                break
-            done, variants = done + 1, variants + [variant]
+        try:
+            for spec in plan:
+                variant = self._trial(spec)
+                if variant is None:
+                    break
+                done, variants = done + 1, variants + [variant]
+        except Exception as exc:  # noqa: BLE001 - see candidate_caused
+            if not candidate_caused(exc):
+                raise
+            logger.warning("verification failed after the candidate ran", exc_info=True)
+            self.judge.runtime_error(self._failure(exc, trial=done))
         self.judge.details |= {"runs": self.runs, "variants": ",".join(variants)}
         return self._verdict(trials=done)
+
+    def _failure(self, exc: Exception, trial: int) -> str:
+        text = f"the verifier failed in trial {trial}, after the candidate ran: {type(exc).__name__}: {exc}"[:1500]
+        if self.device.type == "cuda" and "out of memory" in str(exc).lower():
+            free, total = torch.cuda.mem_get_info(self.device)
+            held = torch.cuda.memory_reserved(self.device)
+            text += (f"\n(device memory: {free / GIB:.1f} GiB free of {total / GIB:.1f}; the verifier holds "
+                     f"{held / GIB:.1f} GiB, the candidate's process most of the rest)")
+        return text
 
     def _verdict(self, trials: int) -> Verdict:
         with self.phases.phase("verdict"):
@@ -112,8 +156,9 @@ class Verification:
     def _settings(self, sources: dict[str, str]) -> JudgeSettings:
         c = self.config
         return JudgeSettings(
-            allow_torch_compute=c.allow_torch_compute, allow_gemm_conv=c.allow_aten_gemm_conv,
-            min_own_share=c.min_own_share, precision_factor=c.precision_factor, atol=c.atol, rtol=c.rtol,
+            allow_torch_compute=c.allow_torch_compute, allow_gemm_conv=c.allow_aten_gemm_conv, rules=c.rules,
+            min_own_share=c.min_own_share, partial_min_own_share=c.partial_min_own_share,
+            precision_factor=c.precision_factor, atol=c.atol, rtol=c.rtol,
             own_kernels=frozenset(kernel_names(sources)), vendor_allowed=task_allows_vendor(self.request.task_source),
             vendor_used=sources_call_vendor(sources),
         )
@@ -134,7 +179,7 @@ class Verification:
                     harness_stream=self.config.harness_stream)
         with self.phases.phase("load"):  # the child: start-up, CUDA warm-up, ModelNew (child.*)
             loaded = self._call(load, self.config.load_timeout_s)
-        (self.transfer / "state.bin").unlink(missing_ok=True)
+        _remove(self.transfer / "state.bin")
         if loaded is None:
             return False
         self.phases.merge(getattr(loaded, "phases_ms", {}))
@@ -142,6 +187,7 @@ class Verification:
             self.judge.runtime_error(f"ModelNew could not be built:\n{getattr(loaded, 'error', '')}")
             return False
         self.judge.loaded(loaded)
+        self.judge.details["state"] = loaded.state  # a note for readers: the outputs decide
         return True
 
     def _call(self, message, timeout_s: float):
@@ -218,12 +264,23 @@ class Verification:
                                      device=str(self.device))
                 digests = tuple(fingerprint(x) for x in inputs if isinstance(x, torch.Tensor))
             with self.phases.phase("trial.reference", sync=True), torch.no_grad():
-                refs = [r.detach() for r in _as_list(self.model(*inputs))]
+                refs = [r.detach() for r in _as_list(self._reference(inputs))]
                 finite = _finite(refs)
             if finite:
                 break
             self.judge.details["variant_fallbacks"] = int(self.judge.details.get("variant_fallbacks", 0)) + 1
         return inputs, digests, refs, variant
+
+    def _reference(self, inputs: list):
+        """The reference's outputs; under KernelBench's rules the first call is audited, so the
+        judge knows which compute ops torch would have to run to do all of the task's work."""
+        if self.config.rules != "kernelbench" or self.reference_audited:
+            return self.model(*inputs)
+        with OpAudit() as audit:
+            out = self.model(*inputs)
+        self.reference_audited = True
+        self.judge.reference_ops = frozenset(".".join(op.split(".")[:2]) for op in op_violations(audit.ops))
+        return out
 
     def _float64(self, spec: TrialSpec, inputs: list, refs: list) -> tuple[list | None, list | None]:
         if spec.index >= self.config.fp64_trials or not self._fp64_affordable(inputs, refs):
@@ -256,5 +313,5 @@ class Verification:
             self.judge.runtime_error(f"the candidate's outputs could not be read: {exc}")
             return None
         finally:
-            (self.transfer / f"out-{report.run}.bin").unlink(missing_ok=True)
+            _remove(self.transfer / f"out-{report.run}.bin")
         return outs

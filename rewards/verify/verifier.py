@@ -1,34 +1,20 @@
-"""Verification of a candidate, trusted side: the GPU-queue handler `verify`, the loop that runs
-the trials against a candidate child, and `verify_workspace` for the agent's tool and the final
-evaluation.
+"""Verification of a candidate, trusted side: the GPU-queue handler `verify`, the candidate
+child's process handle, and `verify_workspace` for the agent's tool and the final evaluation.
 
-What it is: `run_verification(request, work_dir=)` builds the reference `Model` (seeded) and its
-state_dict, starts the candidate child (`python -m rewards.verify.candidate`, a fresh process: no
-candidate code ever runs here), sends it the state, and once the child reports ModelNew built,
-draws hidden per-trial seeds (`rewards.verify.inputs`): for each trial it draws the inputs, computes the
-reference in exact fp32 (TF32 off; float64 too where cheap), sends the seed, reads the child's
-outputs back from blob files and hands everything to `rewards.verify.judge`. Quick mode (the agent's
-`verify` tool): 5 trials, one poison pair; final mode: 12 trials, two pairs. Every variant
-("task", "signed", "scaled") appears, odd trials reuse the previous input tensors, the last one
-is profiled on CUDA.
-
-Inputs are drawn on both sides rather than shipped: the parent sends (seed, variant, scale) only
-after the child has loaded the candidate, the child draws with the same code and the parent
-checks the child's input fingerprints bit for bit. KernelBench inputs reach 16 GiB; shipping them
-through files would cost seconds per trial. CUDA outputs travel by CUDA IPC (the parent maps the
-child's allocation and copies it on the device: no file, so the sandbox's 4 GiB file-size limit
-never meets a 6.4 GB output); CPU outputs and the state_dict travel as blob files.
+What it is: `run_verification(request, work_dir=)` starts the candidate child (`python -m
+rewards.verify.candidate`, a fresh process: no candidate code ever runs here) and runs the trial
+loop of `rewards.verify.trials` against it: the reference in exact fp32, hidden per-trial seeds,
+the child's outputs handed to `rewards.verify.judge`. Quick mode (the agent's `verify` tool): 5
+trials, one poison pair; final mode: 12 trials, two pairs.
 
 What it is not: no compiling (`rewards.build.compile_pool`), no timing (the profile handler). The
 child's crashes, exceptions, CUDA errors and timeouts are Verdict values; only broken
-infrastructure raises.
+infrastructure raises. Importing this module does not import torch; `run_verification` does.
 
 How it is used:
     # in the GPU worker: jobs.HANDLERS["verify"] = "rewards.verify.verifier:verify"
     verdict = await verify_workspace(queue, ws, task, build.artifact.so_path, mode="quick")
     tool_result = to_verify_result(verdict)
-
-Importing this module does not import torch; `run_verification` does.
 """
 
 from __future__ import annotations
@@ -50,9 +36,9 @@ from msgspec import Struct
 
 from agentcore.types import Task, VerifyResult
 from rewards.queue.jobs import Job, JobContext, JobStatus, decode, encode
-from rewards.verdict import Verdict, VerdictStatus
+from rewards.verdict import Rules, Verdict, VerdictStatus
 from rewards.verify.phases import Phases
-from rewards.verify.wire import ChildGone, Pipe, child_decoder
+from rewards.verify.wire import Pipe, child_decoder
 
 if TYPE_CHECKING:
     from rewards.queue.zygote import ForkedProcess
@@ -92,10 +78,24 @@ class VerifyConfig(Struct, frozen=True, kw_only=True):
     """Tests of pure-PyTorch candidates only: skip the op audit and the kernel attribution."""
     allow_aten_gemm_conv: bool = False
     """Let aten GEMM/convolution ops pass the op audit (the SKILL forbids them)."""
+    rules: Rules = "paper"
+    """"paper": torch ops and torch kernels in forward are TORCH_COMPUTE; "kernelbench": they are
+    partial work (`details["partial"]`), but own kernels must still run, carry at least
+    `partial_min_own_share` of the GPU time and leave torch some op of the reference undone."""
+    partial_min_own_share: float = 0.005
+    """Under kernelbench rules: below this share of the GPU time own kernels are a decoy (a fused
+    epilogue after a torch GEMM of 1024x8192x8192 carries about 1%)."""
     load_timeout_s: float = 300.0
     """Starting the child and building ModelNew."""
     trial_timeout_s: float = 180.0
     """One forward call with its input draw and output transfer."""
+    # Inputs are drawn on both sides rather than shipped: the parent sends (seed, variant, scale)
+    # only after the child has loaded the candidate, the child draws with the same code and the
+    # parent checks the child's input fingerprints bit for bit. KernelBench inputs reach 16 GiB;
+    # shipping them through files would cost seconds per trial. Outputs come back by CUDA IPC
+    # (the parent maps the child's allocation and copies it on the device: no file, so the
+    # sandbox's 4 GiB file-size limit never meets a 6.4 GB output); CPU outputs and the
+    # state_dict travel as blob files.
     share_cuda: bool = True
     """CUDA outputs reach the verifier by CUDA IPC (one device copy); False: blob files through
     host memory and disk (seconds per GB, and bound by the sandbox's file-size limit)."""

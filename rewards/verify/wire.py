@@ -158,6 +158,7 @@ class Loaded(_ChildMsg, tag="loaded"):
     pid: int = 0
     before: Snapshot | None = None  # harness set up, candidate not yet imported
     after: Snapshot | None = None  # ModelNew built and on the device
+    state: str = ""  # how the reference's state_dict reached ModelNew (candidate.load_state)
     phases_ms: dict[str, float] = {}  # the child's own start-up account (rewards.verify.phases)
 
 

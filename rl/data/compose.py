@@ -4,8 +4,9 @@ What it is: a seeded sampler. It picks a depth, a first operator and an input ra
 further stage draws among the seed operators that accept the current shape (rank and the op's
 own constraints) and really run on it: each stage is executed on a meta tensor to find its output
 shape, and an op that fails there is not chained. Nothing is inserted between stages (no
-reshapes or adapters): only compatible ops follow each other. The paper had an LLM compose up to
-5 torch operator classes (REFERENCE.md section 1: 83.8% two-op); `DEPTH_WEIGHTS` leans the same way.
+reshapes or adapters): only compatible ops follow each other. The CUDA Agent paper had an LLM
+compose up to 5 torch operator classes (its data synthesis: 83.8% two-op); `DEPTH_WEIGHTS` leans
+the same way.
 Sizing (`sizing.py`): the chain is drawn on the seeds' start shapes, then its batch (dim 0) is
 set so that a roofline estimate of its eager time is about `Config.sizing.target_ms` (3 ms on an
 H100) within the memory budget; among `max_tries` chains the first of the drawn depth whose

@@ -1,10 +1,10 @@
 """The individual runtime filter checks on one candidate task, in one process, on one device.
 
-What it is: `CandidateRun(request, device)`, whose methods run the checks of `rl.data.filters`'
-table in order (`load`, `eager`, `check_values` for finite / memory / deterministic / non_constant
-/ input_sensitive, `runtime`, `compiled`) and record what they saw in `run.m` (the fields of
-`FilterMeasurements`); a failing check raises `Reject(reason, message)`. The tensor helpers below
-compare outputs with the reward's allclose rule.
+What it is: `CandidateRun(request, device)`, whose methods run the checks of the table at
+`rl.data.filters.run_filters` in order (`load`, `eager`, `check_values` for finite / memory /
+deterministic / non_constant / input_sensitive, `runtime`, `compiled`) and record what they saw
+in `run.m` (the fields of `FilterMeasurements`); a failing check raises `Reject(reason, message)`.
+The tensor helpers below compare outputs with the reward's allclose rule.
 What it is not: the job (`rl.data.filters.run_filters` calls these in order, holds the GPU lock,
 turns `Reject` into a `FilterResult` and frees memory afterwards) or the Structs
 (`rl.data.filter_types`).

@@ -3,28 +3,10 @@ it is a usable training task, with the measurements behind the answer.
 
 What it is: `run_filters(request) -> FilterResult` and its GPU-queue handler `filter_job`
 (kind `KIND`, registered as `HANDLER` in `GpuQueueConfig.handlers`); `filter_on_queue` is the
-orchestrator's side (package, submit, decode). The checks follow the paper's data filters
-(REFERENCE.md section 1) plus the degenerate-output lessons of section 2 item 13, in order,
-cheapest first; the first failing one is the rejection (`FilterResult.reason`, one of `REASONS`):
-
-    load         the source executes, Model builds, get_inputs draws    load_error
-    eager        one forward runs eagerly                              eager_error
-    finite       the output (task's own inputs) has no NaN/inf         nonfinite
-    memory       peak memory of model + inputs + forward <= budget     memory
-    deterministic  a second run on the same inputs, other RNG state,   stochastic
-                 agrees (dropout, rand in forward, RReLU differ)
-    non_constant the output is not one value (within atol/rtol)        constant_output
-    input_sensitive outputs for inputs drawn from several distributions   input_independent
-                 (the task's own, signed, scaled: `rewards.verify.inputs`) differ pairwise
-                 beyond atol/rtol, so a replayed or cached answer cannot pass
-    runtime      eager time in [min_ms, max_ms]                         too_fast / too_slow
-    compile      torch.compile runs and matches eager within atol/rtol  compile_error / compile_mismatch
-
-Timing: on CUDA `rewards.timing.gpu_timer.measure` (CUDA events, L2 flush) with a short `TimingConfig`;
-on CPU a host timer (median of `host_repeats` calls), for tests and CPU lanes with a wider window.
-Several lanes may share one GPU (`synth` opens one queue per lane): `gpu_lock` names a file whose
-exclusive flock is held while this job runs the model, so two jobs' GPU work and timings never
-overlap; only torch.compile's code generation (CPU-bound, the slowest step) runs outside it.
+orchestrator's side (package, submit, decode). The checks (the table at `run_filters`) follow
+the CUDA Agent paper's data filters (runs in eager and torch.compile, no stochastic ops, outputs
+neither constant nor input-independent, eager time in a window), cheapest first; the first
+failing one is the rejection (`FilterResult.reason`, one of `REASONS`).
 
 What it is not: decontamination (`rl.data.similarity`) or composition; a job that times out or
 crashes comes back from `filter_on_queue` as a rejection ("timeout", "crashed"). The checks
@@ -69,6 +51,10 @@ __all__ = ["HANDLER", "KIND", "QUICK_TIMING", "REASONS", "STAGES", "FilterConfig
 
 @contextlib.contextmanager
 def _gpu_lock(path: str) -> Iterator[int | None]:
+    """Several lanes may share one GPU (`synth` opens one queue per lane): `path` names a file
+    whose exclusive flock is held while this job runs the model, so two jobs' GPU work and
+    timings never overlap; only torch.compile's code generation (CPU-bound, the slowest step)
+    runs outside it (`rl.data.filter_checks`)."""
     if not path:
         yield None
         return
@@ -89,7 +75,25 @@ def resolve_device(name: str) -> str:
 
 
 def run_filters(request: FilterRequest) -> FilterResult:
-    """Every filter in order on this process's device (module docstring); never raises for the task."""
+    """Every filter in order on this process's device; never raises for the task.
+
+        load         the source executes, Model builds, get_inputs draws    load_error
+        eager        one forward runs eagerly                              eager_error
+        finite       the output (task's own inputs) has no NaN/inf         nonfinite
+        memory       peak memory of model + inputs + forward <= budget     memory
+        deterministic  a second run on the same inputs, other RNG state,   stochastic
+                     agrees (dropout, rand in forward, RReLU differ)
+        non_constant the output is not one value (within atol/rtol)        constant_output
+        input_sensitive outputs for inputs drawn from several distributions   input_independent
+                     (the task's own, signed, scaled: `rewards.verify.inputs`) differ pairwise
+                     beyond atol/rtol, so a replayed or cached answer cannot pass
+        runtime      eager time in [min_ms, max_ms]                         too_fast / too_slow
+        compile      torch.compile runs and matches eager within atol/rtol  compile_error / compile_mismatch
+
+    Timing: on CUDA `rewards.timing.gpu_timer.measure` (CUDA events, L2 flush) with a short
+    `TimingConfig`; on CPU a host timer (median of `host_repeats` calls), for tests and CPU
+    lanes with a wider window.
+    """
     run = CandidateRun(request, resolve_device(request.config.device))
     try:
         with _gpu_lock(request.config.gpu_lock) as lock:

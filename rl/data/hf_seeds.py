@@ -8,7 +8,8 @@ verify worker needs no transformers, at no particular version. `origin` names th
 follows (the task's provenance); `tests/test_synth_hf_seeds.py` checks every one against the
 installed transformers class built from a tiny config. They chain with the torch seeds in
 `compose.py` like any other op (input dim 0 is a pure batch dim, the last dim the hidden size).
-The paper's seeds came from torch operators and transformers modules (REFERENCE.md section 1).
+The CUDA Agent paper's seeds came from torch operators and transformers modules (its data
+synthesis section).
 
 What it is not: an import of transformers (nothing here needs it), or a copy of whole models:
 dropout is left out (p=0: the filters reject stochastic tasks) and so are caches and masks

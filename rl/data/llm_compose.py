@@ -2,7 +2,7 @@
 
 What it is: for a seed index, a deterministic pick of 1-5 seed operators (depth drawn like
 `compose.DEPTH_WEIGHTS`), a prompt asking for one KernelBench-format module that applies them in
-sequence (the paper had an LLM compose up to 5 torch operator classes, REFERENCE.md section 1),
+sequence (the CUDA Agent paper had an LLM compose up to 5 torch operator classes: data synthesis),
 one `generate` on any `agentcore.engine.Engine` (SGLang client, router, embedded engine,
 ScriptedEngine in tests), and the reply parsed and validated: the python code block extracted,
 parsed, `Model` / `get_inputs` / `get_init_inputs` defined, optionally run on CPU in a child

@@ -4,7 +4,7 @@ What it is: every training/eval task source turned into `agentcore.types.Task` v
 `LoadResult` (tasks, problems, duplicates dropped). Structure is checked on load (parses, has
 `Model`, `get_inputs`, `get_init_inputs`: `agentcore.tasks.check_source`); a broken entry is
 reported by name in `problems` and the rest load. Byte-identical sources are dropped, first
-kept (REFERENCE.md section 1: the public Ops-6K set has 352 such duplicates).
+kept (the public CUDA-Agent-Ops-6K set on Hugging Face has 352 such duplicates).
 What it is not: the runtime filters of the data pipeline; `check_runs` only says whether a task's
 Model builds and runs forward on CPU, in a child process with a timeout.
 

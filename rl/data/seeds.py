@@ -8,7 +8,7 @@ has and that build and run on a meta tensor, plus the transformers-module seeds 
 source; `render_model` renders any chain of them (used by `compose.py`).
 What it is not: the runtime filters (eager and torch.compile run, 1-100 ms measured on a GPU,
 non-constant outputs); those need the GPU and come later in the pipeline. Stochastic ops
-(Dropout, RReLU) are left out on purpose (REFERENCE.md section 1).
+(Dropout, RReLU) are left out on purpose (the CUDA Agent paper's data filters reject them).
 
 Shapes: the start inputs hold about 2**27 fp32 elements (512 MiB); they fix every dim but the
 batch (dim 0), which no op mixes. At `scale=1` the batch is then chosen by `sizing.py` so that a
@@ -29,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 import torch.nn.functional as F  # noqa: N812 - the conventional name, used in rendered sources
+from torch import nn
 
 from agentcore.types import Task
 
@@ -226,15 +226,6 @@ def propagate(ops: list[SeedOp], start: Shape) -> list[tuple[SeedOp, Shape, Shap
     return stages
 
 
-def uncovered_nn_modules() -> list[str]:
-    """`torch.nn` module classes with no table entry (the crawl's to-do list, for reports)."""
-    covered = {op.name.removeprefix("nn.") for op in _table()}
-    return sorted(
-        name for name, obj in vars(nn).items()
-        if isinstance(obj, type) and issubclass(obj, nn.Module) and name not in covered and not name.startswith("_")
-    )
-
-
 # ---------------------------------------------------------------------------------------------
 # Rendering
 
@@ -313,8 +304,3 @@ def seed_task(op: SeedOp, *, scale: float = 1.0, rank: int | None = None, sizing
         source = render_model(stages, shape, f"Seed operator {op.name} ({op.family}).")
         return Task(task_id=f"seed/{op.name}/r{r}", source=source, name=op.name, metadata=meta)
     raise ValueError(f"{op.name} accepts none of ranks {op.ranks if rank is None else [rank]} at scale {scale}")
-
-
-def seed_tasks(*, scale: float = 1.0) -> list[Task]:
-    """Every seed operator rendered on its first accepted rank."""
-    return [seed_task(op, scale=scale) for op in seed_ops()]

@@ -2,7 +2,7 @@
 
 What it is: a structural fingerprint of a KernelBench-format source and the comparisons built on
 it. The paper drops a training task whose AST similarity to any KernelBench task exceeds 0.9
-(REFERENCE.md section 1); this module is that filter.
+(CUDA Agent paper, data synthesis: decontamination); this module is that filter.
 What it is not: a semantic equivalence check; two programs computing the same thing with
 different structure score low.
 

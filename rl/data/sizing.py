@@ -3,23 +3,12 @@ H100-class GPU, and the batch that puts the chain at a target eager time.
 
 What it is: `profile(stages)` runs each stage once on meta tensors under a dispatch recorder
 that lists every ATen kernel eager mode would launch (views cost nothing), with the bytes it
-touches and its FLOPs (`torch.utils.flop_counter`'s formulas for GEMMs, convolutions, attention),
-at two batch sizes; every count is linear in the batch (dim 0 of every seed input is a pure batch
-dim: no seed op mixes or reduces over it except BatchNorm's statistics), so one run gives a
-`Profile` of per-kernel lines. `Profile.eager_ms(b)` sums over kernels max(bytes / HBM bandwidth,
-FLOPs / compute rate) plus a launch cost; `Profile.peak_bytes(b)` models the peak the synthesis
-filter's memory check sees (`rl.data.filters`: params, the task's input, the largest kernel's
-operands during the forward, the output and the copy its std takes). `sized_batch` is the
-largest "round" batch whose estimate is at most `Config.target_ms` and whose peak fits
-`Config.memory_gib`.
-
-The rates are deliberately optimistic (full HBM streaming, no cache misses, cuDNN at TF32-class
-speed): the real eager time is then at or above the estimate, and aiming at 3 ms leaves a 3x
-margin over the filters' 1 ms floor and 30x under their 100 ms ceiling (the paper's window,
-REFERENCE.md section 1). Check against the H100 run before sizing (500 compositions at fixed
-2**27-element inputs): the estimate puts 66% of them under 1 ms where 51% measured so, and
-p10/p50/p90 of the rest at 1.09/1.75/4.49 ms against 1.07/1.79/5.42 measured. Decomposed ops that CUDA runs fused (`FUSED_ON_CUDA`) are charged
-one pass over their input and output, not their meta decomposition.
+touches and its FLOPs, at two batch sizes; every count is linear in the batch (dim 0 of every
+seed input is a pure batch dim), so one run gives a `Profile` of per-kernel lines.
+`Profile.eager_ms(b)` sums over kernels max(bytes / HBM bandwidth, FLOPs / compute rate) plus a
+launch cost; `Profile.peak_bytes(b)` models the peak the synthesis filter's memory check sees.
+`sized_batch` is the largest "round" batch whose estimate is at most `Config.target_ms` and
+whose peak fits `Config.memory_gib`. The rates and their check against measurements: `Config`.
 
 What it is not: a measurement (the filters time every candidate), or a model of torch.compile.
 
@@ -53,7 +42,20 @@ OUTPUT_COPIES = 2
 
 
 class Config(Struct, frozen=True, kw_only=True):
-    """The target and the machine the estimate is for (H100 SXM; an H200 streams ~1.4x faster)."""
+    """The target and the machine the estimate is for (H100 SXM; an H200 streams ~1.4x faster).
+
+    The rates are deliberately optimistic (full HBM streaming, no cache misses, cuDNN at
+    TF32-class speed): the real eager time is then at or above the estimate, and aiming at 3 ms
+    leaves a 3x margin over the filters' 1 ms floor and 30x under their 100 ms ceiling (the CUDA
+    Agent paper's data filter). Checked against an H100 run (500 compositions at fixed
+    2**27-element inputs): the estimate puts 66% of them under 1 ms where 51% measured so, and
+    p10/p50/p90 of the rest at 1.09/1.75/4.49 ms against 1.07/1.79/5.42 measured. GEMMs,
+    convolutions and attention count FLOPs with `torch.utils.flop_counter`'s formulas; ops that
+    CUDA runs fused (`FUSED_ON_CUDA`) are charged one pass over their input and output, not their
+    meta decomposition. The peak (`Profile.peak_bytes`) counts params, the task's input, the
+    largest kernel's operands during the forward, the output and the copy its std takes
+    (`rl.data.filters`). No seed op mixes or reduces over dim 0 except BatchNorm's statistics.
+    """
 
     target_ms: float = 3.0
     """Estimated eager time to aim at; 0 turns sizing off (toy shapes for CPU tests)."""

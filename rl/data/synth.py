@@ -10,15 +10,12 @@ indices, written by the policy engine (`llm_compose`). Each candidate goes throu
     GPU filters (`rl.data.filters` on a GpuQueue lane: load ... compile)
 
 and ends as one JSON line: accepted in `out` (the `loaders.load_dataset_jsonl` layout, provenance
-in `metadata`), rejected in `out.rejects.jsonl` with its stage, reason and measurements. Both
-carry the candidate's `index`; a re-run reads them (repairing a torn last line), skips every
-index already there and goes on from the first unprocessed one until `n` tasks are accepted or
-`max_candidates` indices are spent. Rows are appended and fsynced one at a time.
+in `metadata`), rejected in `out.rejects.jsonl` with its stage, reason and measurements; a re-run
+skips every index already there (resuming: at `Synth`).
 
-Topology, one task group: `in_flight_per_lane` consumers per queue (a queue is one GPU lane) claim the next
-index, build the candidate, check it on the CPU (threads) and hold their lane only for the
-filter job. Claiming stops once accepted + in flight reach `n`, and resumes if one in flight is
-rejected, so the file ends with exactly `n` accepted rows unless candidates run out.
+Topology, one task group: `in_flight_per_lane` consumers per queue (a queue is one GPU lane)
+claim the next index, build the candidate, check it on the CPU (threads) and hold their lane
+only for the filter job.
 
 What it is not: the report (`rl.data.report`) or the command line (`rl.data.synth_cmd`).
 
@@ -158,7 +155,15 @@ class _Appender:
 
 
 class Synth:
-    """The pipeline over a set of lanes; see the module docstring."""
+    """The pipeline over a set of lanes (the stages and the topology: module docstring).
+
+    Accepted and rejected rows both carry the candidate's `index`; a re-run reads them
+    (repairing a torn last line), skips every index already there and goes on from the first
+    unprocessed one until `n` tasks are accepted or `max_candidates` indices are spent. Rows are
+    appended and fsynced one at a time. Claiming stops once accepted + in flight reach `n`, and
+    resumes if one in flight is rejected, so the file ends with exactly `n` accepted rows unless
+    candidates run out.
+    """
 
     def __init__(self, config: SynthConfig, out: Path, lanes: Sequence[Lane], corpus: Sequence[Fingerprint], *,
                  engine: Engine | None = None, chat: Prompter | None = None) -> None:

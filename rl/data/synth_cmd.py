@@ -1,7 +1,7 @@
 """`cuda-agent synth`: synthesize training tasks into a JSON-lines dataset, resumably.
 
 What it is: the command line around `rl.data.synth.Synth`: GPU lanes (`--gpus`, `--lanes-per-gpu`;
-no GPU: one CPU lane), the KernelBench L1-3 corpus for decontamination, optionally an engine for
+`--gpus none`: one lane on the CPU), the KernelBench L1-3 corpus for decontamination, optionally an engine for
 LLM compositions (`--mix`, `--engine sglang --url U --model TOKENIZER_DIR` or `--engine embedded
 --model MODEL_DIR`), a progress line on stderr, Ctrl-C / SIGTERM stop cleanly (the next run
 resumes), then a final JSON summary on stdout (throughput, acceptance per filter, similarity)
@@ -18,41 +18,50 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import signal
 import sys
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
 import orjson
 
 from agentcore import runtime
-from rl.data import compose as composition
+from agentcore.cli import HelpFormatter, checked_dir, checked_url
+from agentcore.signals import stop_on_signal
 from rl.data.filters import FilterConfig
-from rl.data.llm_compose import LlmComposeConfig
+from rl.data.kernelbench import default_problems_path
 from rl.data.loaders import load_kernelbench
-from rl.data.report import summarize, write_report
 from rl.data.similarity import build_corpus
-from rl.data.synth import (
-    Synth,
-    SynthConfig,
-    SynthStats,
-    open_queues,
-    read_rows,
-    rejects_path,
-)
+
+if TYPE_CHECKING:  # the pipeline imports torch: loaded after parsing, so --help stays light
+    from rl.data.synth import Synth, SynthConfig, SynthStats
+
+
+def gpu_list(text: str) -> tuple[int, ...]:
+    """--gpus: "0,1" -> (0, 1); "none" -> () (the CPU)."""
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        gpus = tuple(int(g) for g in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not GPU indices like 0,1 or none") from None
+    if any(g < 0 for g in gpus):
+        raise argparse.ArgumentTypeError(f"{text!r}: GPU indices are 0 or more")
+    return gpus
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="cuda-agent synth", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="cuda-agent synth", description=__doc__.split("\n")[0],
+                                formatter_class=HelpFormatter)
     p.add_argument("--n", type=int, default=6000, help="accepted tasks wanted in --out (earlier runs count)")
     p.add_argument("--out", required=True, type=Path, help="dataset file (JSON lines); rejects go to OUT.rejects.jsonl")
     p.add_argument("--max-candidates", type=int, default=0, help="candidate indices to spend at most (0: 20 x n)")
     p.add_argument("--seed", type=int, default=0, help="candidate i uses rng seed SEED + i")
-    p.add_argument("--gpus", default="", help="GPU indices, e.g. 0,1 (default: all; none: one CPU lane)")
+    p.add_argument("--gpus", type=gpu_list,
+                   help="GPU indices, e.g. 0,1; none: one lane on the CPU (default: every GPU, the CPU without one)")
     p.add_argument("--lanes-per-gpu", type=int, default=2, help="worker processes per GPU (compile overlaps GPU work)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="where the filters run the tasks")
     p.add_argument("--mix", type=float, default=0.0, help="share of candidates written by the LLM engine")
@@ -68,23 +77,37 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-depth", type=int, default=5, help="most operators in one composition")
     p.add_argument("--threshold", type=float, default=0.9, help="drop candidates more similar to KernelBench than this")
     p.add_argument("--drop-signature-matches", action="store_true", help="also drop exact operator-signature matches")
-    p.add_argument("--kernelbench", default=os.environ.get("KERNELBENCH_PROBLEMS", ""),
-                   help="KernelBench problems.jsonl or directory (default: $KERNELBENCH_PROBLEMS)")
+    p.add_argument("--kernelbench",
+                   help="KernelBench problems.jsonl or directory to decontaminate against "
+                        "(default: $KERNELBENCH_PROBLEMS, else the copy shipped with the package)")
     p.add_argument("--report", type=Path, help="write report.md and PNG plots of the whole file here")
     p.add_argument("--sandbox", action="store_true", help="run the filter workers inside bubblewrap")
     p.add_argument("--time-limit-s", type=float, default=0.0, help="stop after this long, print the summary (0: none)")
     p.add_argument("--job-deadline-s", type=float, default=300.0, help="watchdog deadline of one filter job")
     a = p.parse_args(argv)
-    if not a.kernelbench:
-        p.error("--kernelbench (or $KERNELBENCH_PROBLEMS) is required for decontamination")
+    a.kernelbench = a.kernelbench or str(default_problems_path())
+    if a.gpus == ():
+        if a.device == "cuda":
+            p.error("--gpus none runs the filters on the CPU; drop --device cuda")
+        a.device, a.lanes_per_gpu = "cpu", 1
+    if not Path(a.kernelbench).exists():
+        p.error(f"--kernelbench {a.kernelbench}: no such file or directory")
     if a.mix > 0 and not (a.engine and a.model):
         p.error("--mix > 0 needs --engine and --model")
     if a.engine == "sglang" and a.mix > 0 and not a.url:
         p.error("--engine sglang needs --url")
+    for url in a.url:
+        checked_url(url)
+    if a.model:
+        checked_dir(a.model, "--model")
     return a
 
 
 def synth_config(a: argparse.Namespace) -> SynthConfig:
+    from rl.data import compose as composition
+    from rl.data.llm_compose import LlmComposeConfig
+    from rl.data.synth import SynthConfig
+
     filters = FilterConfig(device=a.device, min_ms=a.min_ms, max_ms=a.max_ms, memory_gib=a.memory_gib,
                            compile=not a.no_compile, compile_backend=a.compile_backend)
     return SynthConfig(n=a.n, max_candidates=a.max_candidates, seed=a.seed, mix_llm=a.mix,
@@ -94,9 +117,10 @@ def synth_config(a: argparse.Namespace) -> SynthConfig:
 
 
 async def _gpus(a: argparse.Namespace) -> tuple[int, ...]:
+    """The lanes' devices: the GPUs asked for, else every GPU; the CPU counts as one (0)."""
     if a.gpus:
-        return tuple(int(g) for g in a.gpus.split(","))
-    if a.device == "cpu":
+        return a.gpus
+    if a.device == "cpu":  # --gpus none sets it
         return (0,)
     from rewards.env import EnvConfig, detect_gpus
 
@@ -142,16 +166,10 @@ async def _progress(synth: Synth, n: int, interval_s: float = 1.0) -> None:
         sys.stderr.flush()
 
 
-async def _stop_on_signal(scope: anyio.CancelScope) -> None:
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for signum in signals:
-            print(f"\ncuda-agent synth: {signal.Signals(signum).name}, stopping (re-run to resume)", file=sys.stderr)
-            scope.cancel()
-            return
-
-
 async def run(a: argparse.Namespace) -> dict:
     """The whole command; returns the final summary."""
+    from rl.data.synth import Synth, open_queues
+
     config = synth_config(a)
     kb = await anyio.to_thread.run_sync(lambda: load_kernelbench(a.kernelbench, levels={1, 2, 3}))
     corpus = await anyio.to_thread.run_sync(build_corpus, kb.tasks)
@@ -164,7 +182,7 @@ async def run(a: argparse.Namespace) -> dict:
         synth = Synth(config, a.out, lanes, corpus, engine=engine, chat=chat)
         async with anyio.create_task_group() as tg:
             tg.start_soon(_progress, synth, config.n)
-            tg.start_soon(_stop_on_signal, tg.cancel_scope)
+            tg.start_soon(stop_on_signal, tg.cancel_scope, "cuda-agent synth", " (re-run to resume)")
             with anyio.move_on_after(a.time_limit_s or math.inf):
                 await synth.run()  # stopped early: in-flight candidates are redone by the next run
             tg.cancel_scope.cancel()
@@ -175,12 +193,15 @@ async def run(a: argparse.Namespace) -> dict:
 
 
 def final_summary(a: argparse.Namespace, stats: SynthStats, queues: list, corpus_size: int) -> dict:
+    from rl.data.report import summarize, write_report
+    from rl.data.synth import read_rows, rejects_path
+
     accepted, rejected = read_rows(a.out), read_rows(rejects_path(a.out))
     whole = summarize(accepted, rejected)
     minutes = max(stats.elapsed_s, 1e-9) / 60
     this_run = {"candidates": stats.processed, "accepted": stats.accepted, "filtered_on_gpu": stats.filtered,
                 "elapsed_s": round(stats.elapsed_s, 1), "filtered_per_min": round(stats.filtered / minutes, 2),
-                "candidates_per_min": round(stats.processed / minutes, 2), "gpus": a.gpus or "auto",
+                "candidates_per_min": round(stats.processed / minutes, 2), "gpus": _gpus_text(a.gpus),
                 "lanes_per_gpu": a.lanes_per_gpu, "kernelbench_problems": corpus_size,
                 "queue_busy_fraction": [round(q["busy_fraction"], 3) for q in queues]}
     summary = {"out": str(a.out), "this_run": this_run, **whole}
@@ -188,6 +209,12 @@ def final_summary(a: argparse.Namespace, stats: SynthStats, queues: list, corpus
         paths = write_report(a.report, whole, accepted, rejected, extra=this_run)
         summary["report"] = [str(p) for p in paths]
     return summary
+
+
+def _gpus_text(gpus: tuple[int, ...] | None) -> str:
+    if gpus is None:
+        return "auto"
+    return ",".join(map(str, gpus)) if gpus else "none"
 
 
 def main(argv: list[str] | None = None) -> int:

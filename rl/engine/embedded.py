@@ -2,30 +2,16 @@
 
 What it is: `EmbeddedEngine` answers `generate(input_ids, params, session_id=...)` from a HF
 `AutoModelForCausalLM` held in this process (any architecture). One scheduler task batches
-concurrent requests: it gathers waiting requests for `batch_wait_ms`, left-pads and prefills
-them (attention mask, explicit position ids, a transformers `DynamicCache`), then decodes step
-by step. Requests arriving while a batch decodes join it between decode chunks: they are
-prefilled on their own and merged by left-padding the shorter cache. A finished row leaves at
-once: its result is delivered, the batch is compacted and all-padding leading columns are cut.
-(Caches other than plain `DynamicLayer`s, e.g. sliding-window or linear-attention layers, are
-not merged: there new requests wait for the running batch to end.) Log-probs are those of the
-sampled tokens under log_softmax(logits / temperature) in fp32, before top-p/top-k truncation;
-at temperature 1 they are the policy's log-probs. Greedy (temperature < 1e-5 or top_k == 1)
-reports log-probs at temperature 1.
-
-Weights are updated in place by the learner (`update_weights`, or buckets through
+concurrent requests (continuous batching over a transformers `DynamicCache`; details at the
+class). Weights are updated in place by the learner (`update_weights`, or buckets through
 `begin_update` / `load_bucket` / `end_update`); every `Generation` reports the weight version
 that produced all of its tokens, because updates wait for the running batch to drain.
 
 What it is not: a production server (no paged attention, prefix cache or CUDA graphs: SGLang
-is that) nor an HTTP server (`rl.engine.server` puts SGLang's protocol in front of it).
-
-Parts: `rl.engine.runner.ModelRunner` (the model on its device: prefill, decode, weight copies),
-`rl.engine.config` (config and statistics Structs); this module is the scheduler and the API.
-
-Threads: all model work (prefill, decode chunks, weight copies, offload) runs in worker threads
-through `anyio.to_thread.run_sync`, one at a time under `_model_lock`; the event loop only
-moves requests between the queue and the batch.
+is that) nor an HTTP server (`rl.engine.server` puts SGLang's protocol in front of it). Parts:
+`rl.engine.runner.ModelRunner` (the model on its device: prefill, decode, weight copies),
+`rl.engine.batch` (the running batch, sampling), `rl.engine.config` (config and statistics
+Structs); this module is the scheduler and the API.
 
 Example:
     engine = EmbeddedEngine.from_pretrained("/ckpt/qwen2-0.5b", EmbeddedEngineConfig())
@@ -52,18 +38,33 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from agentcore.engine import EngineError, Generation, SamplingParams
 from agentcore.sglang.wire import finished_anyway, merge_pieces, rid_prefix
-from agentcore.types import FinishReason
 from rl.engine.batch import Batch as _Batch
 from rl.engine.batch import Request as _Request
 from rl.engine.config import EmbeddedEngineConfig, EngineStats
 from rl.engine.runner import ModelRunner, resolve_device, resolve_dtype
+from rl.learner.models import quiet_transformers
 
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 _T = TypeVar("_T")
 
 
 class EmbeddedEngine:
-    """A batching generation engine over an in-process HF causal LM (see the module docstring).
+    """A batching generation engine over an in-process HF causal LM.
+
+    The scheduler gathers waiting requests for `batch_wait_ms`, left-pads and prefills them
+    (attention mask, explicit position ids, a `DynamicCache`), then decodes step by step.
+    Requests arriving while a batch decodes join it between decode chunks: they are prefilled on
+    their own and merged by left-padding the shorter cache. A finished row leaves at once: its
+    result is delivered, the batch is compacted and all-padding leading columns are cut. (Caches
+    other than plain `DynamicLayer`s, e.g. sliding-window or linear-attention layers, are not
+    merged: there new requests wait for the running batch to end.) Log-probs are those of the
+    sampled tokens under log_softmax(logits / temperature) in fp32, before top-p/top-k
+    truncation: at temperature 1 they are the policy's. Greedy (temperature < 1e-5 or
+    top_k == 1) reports log-probs at temperature 1.
+
+    Threads: all model work (prefill, decode chunks, weight copies, offload) runs in worker
+    threads through `anyio.to_thread.run_sync`, one at a time under `_model_lock`; the event
+    loop only moves requests between the queue and the batch.
 
     Example:
         engine = EmbeddedEngine.from_hf_config(tiny_config, EmbeddedEngineConfig(device="cpu"))
@@ -110,6 +111,7 @@ class EmbeddedEngine:
         cls, path: str, config: EmbeddedEngineConfig = EmbeddedEngineConfig()
     ) -> EmbeddedEngine:
         """Load a local HF directory (config.json + safetensors); never downloads."""
+        quiet_transformers()
         device = resolve_device(config.device)
         model = AutoModelForCausalLM.from_pretrained(
             path,
@@ -127,6 +129,7 @@ class EmbeddedEngine:
         seed: int = 0,
     ) -> EmbeddedEngine:
         """Randomly initialise a model from a config dict (its `model_type` picks the class)."""
+        quiet_transformers()
         fields = dict(hf_config)
         model_config = AutoConfig.for_model(fields.pop("model_type", "qwen2"), **fields)
         device = resolve_device(config.device)
@@ -472,15 +475,6 @@ class EmbeddedEngine:
             finally:
                 if busy:
                     self._busy_s += time.perf_counter() - started
-
-def _finish_reason(req: _Request, token: int) -> FinishReason | None:
-    if token in req.params.stop_token_ids:
-        return "stop"
-    if len(req.tokens) >= req.budget:
-        return "length"
-    if req.abort_requested:
-        return "abort"
-    return None
 
 
 def _tags(tags: Iterable[str] | None) -> set[str]:

@@ -44,7 +44,10 @@ class ModelRunner:
         self.model = place_model(model, self.device, resolve_dtype(config.dtype, self.device))
         self.model.eval()
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
-        self.keep_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        params = inspect.signature(self.model.forward).parameters
+        self.keep_logits = "logits_to_keep" in params
+        # transformers renamed `past_key_values` to `cache` (the old name warns that it is deprecated)
+        self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.mergeable = all(type(x) is DynamicLayer for x in self.new_cache().layers)
         self.rng = torch.Generator(device=self.device)
         self.rng.seed()
@@ -57,6 +60,7 @@ class ModelRunner:
     def forward(self, ids: Tensor, mask: Tensor, positions: Tensor, cache: Any) -> Tensor:
         """Next-token logits [B, V] fp32 after feeding `ids` [B, t] into `cache`."""
         extra = {"logits_to_keep": 1} if self.keep_logits else {}
+        extra[self.cache_kwarg] = cache
         backends = contextlib.nullcontext()
         if self.config.avoid_cudnn_attention and self.device.type == "cuda":
             backends = sdpa_kernel(_SDPA_BACKENDS)
@@ -65,7 +69,6 @@ class ModelRunner:
                 input_ids=ids,
                 attention_mask=mask,
                 position_ids=positions,
-                past_key_values=cache,
                 use_cache=True,
                 **extra,
             )

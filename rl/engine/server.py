@@ -1,7 +1,7 @@
 """SGLang's native HTTP API in front of an `EmbeddedEngine`, for `agentcore.sglang.SGLangClient`.
 
-What it is: `EngineServer` answers the routes the client and the router use (REFERENCE.md
-section 5; field names from SGLang's `io_struct.py`): `/generate` token-in/token-out with
+What it is: `EngineServer` answers the routes the client and the router use (field names
+from SGLang's `python/sglang/srt/managers/io_struct.py`): `/generate` token-in/token-out with
 output log-probs, `/health`, `/health_generate`, `/get_server_info`, `/get_model_info`,
 `/get_weight_version`, `/flush_cache`, `/abort_request`, `/pause_generation`,
 `/continue_generation`, `/release_memory_occupation`, `/resume_memory_occupation` and

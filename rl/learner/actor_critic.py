@@ -21,17 +21,16 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-import msgspec
 import numpy as np
 import torch
 
-from rl.learner import checkpoint, perf
 from rl.config import TrainConfig
+from rl.learner import checkpoint, perf
 from rl.learner.fsdp import Dist, apply_activation_checkpointing, compile_blocks, every_kth, full_state_items, shard
 from rl.learner.models import build_actor, build_critic, layers
 from rl.learner.packing import balance
-from rl.samples import Sample
 from rl.learner.update import compute_logprobs, ppo_step, sft_step, value_step
+from rl.samples import Sample
 
 log = logging.getLogger("cuda-agent.learner")
 
@@ -51,6 +50,7 @@ class Learner:
                                             weight_decay=o.weight_decay, **fused)
         self.version = 0
         self.optimizer_steps = 0
+        self.actor_updates = 0  # ppo and sft steps: what a weight version counts
         self.reference = None  # frozen initial actor for the KL penalty (built on first use)
         self.saver = checkpoint.Saver(background=cfg.checkpoint.background)
 
@@ -89,6 +89,7 @@ class Learner:
         else:
             raise ValueError(f"unknown update kind {kind!r}")
         self.optimizer_steps += 1
+        self.actor_updates += kind != "value"  # a value step trains the critic only
         metrics["train_s"] = time.perf_counter() - t0
         metrics["lr_actor"] = float(self.actor_opt.param_groups[0]["lr"])
         return metrics | self._throughput(kind, samples, metrics)
@@ -152,7 +153,7 @@ class Learner:
         for bucket in self.weight_buckets():
             load(bucket)
             nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
-        self.version = self.optimizer_steps
+        self.version = self.actor_updates
         return {"weight_sync_s": time.perf_counter() - t0, "weight_sync_bytes": float(nbytes), "version": self.version}
 
     # -- checkpoints --------------------------------------------------------------------------
@@ -161,7 +162,8 @@ class Learner:
         """Checkpoint `step` (and export the actor to `export_dir`); with `checkpoint.background`
         returns once the state is staged. Metrics: this save's blocking seconds, and the
         background seconds of the previous save (finished by now: at most one is in flight)."""
-        extra = dict(extra, version=self.version, optimizer_steps=self.optimizer_steps)
+        extra = dict(extra, version=self.version, optimizer_steps=self.optimizer_steps,
+                     actor_updates=self.actor_updates)
         t0 = time.perf_counter()
         previous = self.saver.wait()
         self.saver.save(
@@ -191,6 +193,7 @@ class Learner:
             step, extra = found
             self.version = int(extra.get("version", step))
             self.optimizer_steps = int(extra.get("optimizer_steps", step))
+            self.actor_updates = int(extra.get("actor_updates", self.version))
         return found
 
     def export(self, out_dir: Path, tokenizer_dir: str) -> None:
@@ -209,11 +212,3 @@ def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def decode_samples(data: bytes) -> list[Sample]:
-    return msgspec.msgpack.decode(data, type=list[Sample])
-
-
-def encode_samples(samples: list[Sample]) -> bytes:
-    return msgspec.msgpack.encode(samples)

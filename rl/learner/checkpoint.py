@@ -3,26 +3,14 @@
 What it is: `save` writes everything a resumed run needs - actor, critic, both optimizers
 (sharded under FSDP2, through `torch.distributed.checkpoint`, so any world size saves and
 loads), every rank's RNG streams, the step and the caller's data position (`extra`: the task
-sampler's cursor, the ids of trajectories already consumed). `load_latest` puts it all back.
-`export_hf` writes the actor as a plain Hugging Face model directory (config, safetensors,
-generation config, tokenizer) that `AutoModelForCausalLM.from_pretrained` and SGLang load.
+sampler's cursor, the ids of trajectories already consumed); `load_latest` puts it all back;
+`Saver(background=True)` does the same behind training. `export_hf` (`rl.learner.hf_export`,
+re-exported here) writes the actor as a Hugging Face model directory that
+`AutoModelForCausalLM.from_pretrained` and SGLang load. All ranks call these (they are
+collectives); rank 0 alone renames, prunes and writes the shared files, on one filesystem.
 
 What it is not: a trajectory store (`agentcore.store`) or a weight sync to a live engine
-(`rl.learner.fsdp.full_state_items`).
-
-Atomicity: a checkpoint is written into `RUN/ckpt/step_000123.tmp/`, completed by `meta.json`
-(written last), then renamed to `RUN/ckpt/step_000123/`; `RUN/ckpt/latest` names it and is
-replaced atomically (temp file + `os.replace`); that replacement is the commit point. A kill
-leaves either the previous checkpoint or the new one, never half of one: a `.tmp` directory is
-ignored and removed by the next load. `Saver(background=True)` keeps these guarantees with the
-write, fsync, commit and export behind training (see `Saver`). All
-ranks call `save`/`load_latest`/`export_hf` (they are collectives); rank 0 alone renames,
-prunes and writes the shared files. Ranks share one filesystem (one host, or a shared mount).
-
-Layout of one checkpoint:
-    state/            DCP shards: {"actor": {"model", "optim"}, "critic": {"model", "optim"}}
-    rng/rank_00000.pt python, numpy, torch CPU and this rank's CUDA generator states
-    meta.json         {"step", "world_size", "extra"}
+(`rl.weight_sync`). How a kill is survived, and the layout on disk: at `save`.
 
 Example:
     checkpoint.save(run_dir, step, actor=actor, critic=critic, actor_opt=a_opt,
@@ -83,6 +71,17 @@ def save(
     timings: dict[str, float] | None = None,
 ) -> Path:
     """Write checkpoint `step` atomically, point `latest` at it and keep the newest `keep`.
+
+    Atomicity: a checkpoint is written into `RUN/ckpt/step_000123.tmp/`, completed by `meta.json`
+    (written last), then renamed to `RUN/ckpt/step_000123/`; `RUN/ckpt/latest` names it and is
+    replaced atomically (temp file + `os.replace`); that replacement is the commit point. A kill
+    leaves either the previous checkpoint or the new one, never half of one: a `.tmp` directory
+    is ignored and removed by the next load. `Saver(background=True)` keeps these guarantees
+    with the write, fsync, commit and export behind training. Layout of one checkpoint:
+
+        state/            DCP shards: {"actor": {"model", "optim"}, "critic": {"model", "optim"}}
+        rng/rank_00000.pt python, numpy, torch CPU and this rank's CUDA generator states
+        meta.json         {"step", "world_size", "extra"}
 
     `extra` must be JSON-serialisable. A checkpoint of the same step that already exists is
     replaced. `timings`, when given, receives this rank's seconds per part (state_dict,

@@ -1,9 +1,10 @@
 """Files of a checkpoint directory: rename into place, fsync, listing and cleaning (rl.learner.checkpoint).
 
 What it is: the filesystem side of `rl.learner.checkpoint` - directory replacement by rename, one parallel
-fsync pass over a tree, removal in the background, the complete steps of `RUN/ckpt`, a per-part
-clock, and the rank helpers the writers use. What it is not: the checkpoint format or its
-commit order (`rl.learner.checkpoint` decides what is written when).
+fsync pass over a tree, removal in the background, the complete and the committed steps of
+`RUN/ckpt` (`committed_steps` is what readers outside the trainer use, e.g. `cuda-agent bench
+--watch`), a per-part clock, and the rank helpers the writers use. What it is not: the checkpoint
+format or its commit order (`rl.learner.checkpoint` decides what is written when).
 """
 
 from __future__ import annotations
@@ -69,6 +70,18 @@ def _complete_steps(root: Path) -> list[tuple[int, Path]]:
         if match and (path / "meta.json").is_file():
             found.append((int(match.group(1)), path))
     return sorted(found)
+
+
+def committed_steps(root: Path) -> list[tuple[int, Path]]:
+    """(step, dir) of the complete checkpoints in `root` (RUN/ckpt) up to the one `latest` names,
+    oldest first; all complete ones when the pointer is missing or names nothing complete. A step
+    past the pointer was renamed into place by a save that died before it committed."""
+    found = _complete_steps(root)
+    pointer = root / "latest"
+    named = _STEP_DIR.match(pointer.read_text().strip()) if pointer.is_file() else None
+    if named and (root / named.group(0) / "meta.json").is_file():
+        found = [(step, path) for step, path in found if step <= int(named.group(1))]
+    return found
 
 
 def _fsync_tree(path: Path) -> None:

@@ -6,16 +6,14 @@ ever building the full [T, vocab] logits (and, given the action mask, running th
 the positions the losses read); `Critic` is the same backbone without the LM head and
 with a scalar value head. `build_actor` / `build_critic` load them from a local HF directory or
 initialise them at random from a Qwen2-style config dict; `tiny_qwen2_config` / `qwen2_config`
-give such dicts; `flops_per_token` and `count_params` feed the MFU figures.
-What it is not: sharding, mixed precision or activation checkpointing. `rl/learner/fsdp.py` applies all
-three (`shard`, `apply_activation_checkpointing` over `layers(module)`); `ModelConfig.
-gradient_checkpointing` is read by the caller that builds the learner, never here. Nothing here
-casts dtypes inside `forward`, so FSDP2's `MixedPrecisionPolicy` decides the compute dtype.
-
-Packed inputs (one [1, T] row holding several documents): the backbone is called with
-`use_cache=False` and `position_ids` restarting at 0 for each document; with `attention_mask=None`
-transformers 5 then masks attention per document (sdpa, eager); under "varlen" (the CUDA default,
-`rl.learner.attention`) the document bounds go in as cu_seq_lens, under flex_attention as our BlockMask.
+give such dicts; `flops_per_token` and `count_params` feed the MFU figures; `quiet_transformers`
+turns transformers' progress bars off wherever we load or save a model.
+What it is not: sharding, mixed precision or activation checkpointing. `rl.learner.fsdp` applies
+all three (`shard`, `apply_activation_checkpointing` over `layers(module)`);
+`ModelConfig.gradient_checkpointing` is read by the caller that builds the learner, never here.
+Nothing here casts dtypes inside `forward`, so FSDP2's `MixedPrecisionPolicy` decides the compute
+dtype. Packed inputs (one [1, T] row holding several documents) are masked per document: at
+`attention_kwargs`.
 
 Example:
     cfg = ModelConfig(hf_config=tiny_qwen2_config(vocab_size=32))
@@ -69,7 +67,7 @@ class ModelConfig(Struct, frozen=True, kw_only=True):
     reshard_after_forward: bool = True
     """FSDP2: free each block's gathered bf16 weights after its forward and gather them again for
     the backward. False keeps them (bf16 params held once more, 3 GB at 1.5B): 1.5B, 16k tokens,
-    no AC on an H200: 37.8 -> 38.7% MFU alone, 39.4% with fused AdamW (session 9)."""
+    no AC on an H200: 37.8 -> 38.7% MFU alone, 39.4% with fused AdamW."""
     seed: int = 0
     """Seed of the random init (actor and critic backbones start equal)."""
 
@@ -167,7 +165,12 @@ def _compiled_stats():
 
 def attention_kwargs(model: nn.Module, position_ids: torch.Tensor) -> dict[str, Any]:
     """What the backbone call needs, besides ids and positions, to mask a packed row by document:
-    cu_seq_lens for "varlen", our BlockMask for "flex_attention", nothing otherwise."""
+    cu_seq_lens for "varlen", our BlockMask for "flex_attention", nothing otherwise.
+
+    The backbone is called with `use_cache=False` and `position_ids` restarting at 0 for each
+    document; with `attention_mask=None` transformers 5 then masks attention per document (sdpa,
+    eager); under "varlen" (the CUDA default, `rl.learner.attention`) the document bounds go in
+    as cu_seq_lens, under flex_attention as our BlockMask."""
     if getattr(model.config, "_attn_implementation", None) == attention.NAME:
         return {"attention_mask": None, **attention.packed_kwargs(position_ids)}
     return {"attention_mask": document_mask(model, position_ids)}
@@ -214,12 +217,24 @@ class Critic(nn.Module):
         return self.value_head(hidden)[..., 0].float().clone()  # [1, T] (a fresh tensor, not a view)
 
 
+def quiet_transformers() -> None:
+    """No transformers or huggingface_hub progress bars in this process ("Loading weights",
+    "Writing model shards" of every export): the trainer's progress line is the only one. Their
+    warnings stay on (a checkpoint with missing weights is worth seeing)."""
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    disable_progress_bars()
+
+
 def build_actor(cfg: ModelConfig, device: torch.device | str, *, init: bool = True) -> Actor:
     """The actor on `device`, from `cfg.path` or at random from `cfg.hf_config` (seeded). With
     `init=False` a random-config actor's weights are left uninitialised, for a caller that loads
     every one of them next (a checkpoint export: a 1.5B random init costs ~25 s of CPU)."""
     from transformers import AutoModelForCausalLM
 
+    quiet_transformers()
     kwargs = _load_kwargs(cfg, device)
     if cfg.path is not None:
         lm = AutoModelForCausalLM.from_pretrained(cfg.path, local_files_only=True, **kwargs)
@@ -235,6 +250,7 @@ def build_critic(cfg: ModelConfig, device: torch.device | str) -> Critic:
     """The critic on `device`: the actor's backbone (same path or same seeded init), zero value head."""
     from transformers import AutoModel
 
+    quiet_transformers()
     kwargs = _load_kwargs(cfg, device)
     if cfg.path is not None:
         backbone = AutoModel.from_pretrained(cfg.path, local_files_only=True, **kwargs)

@@ -4,20 +4,22 @@ several GPUs, started by `rl/learner_client.py`).
 What it is: the process that owns one GPU's share of the learner (FSDP2 actor and critic) and,
 colocated on the same GPU, an embedded engine replica. One HTTP server on port P + rank speaks
 SGLang's native API for the engine (so the orchestrator reaches it with the same client as a
-real SGLang server) and the learner commands under `/learner/`:
-  POST /learner/step     {kind, batch_path}   one update on this rank's share of the batch
-  POST /learner/sync     {}                   actor weights -> this rank's engine, version + 1
-                                              (sglang_tensor: -> its colocated SGLang server)
-  POST /learner/save     {step, extra, export} checkpoint (collective), HF export on rank 0;
-                                              with checkpoint.background, returns once staged
-  POST /learner/wait     {}                   until the background save in flight is committed
-  POST /learner/load     {run_dir}            restore the latest checkpoint of run_dir
-  POST /learner/release {weights}             free the colocated engine's memory for training
-  POST /learner/resume  {}                    restore what release freed and the sync did not
-  GET  /learner/info                          rank, world size, device, version
-  POST /learner/shutdown                      finish the save in flight, stop serving and exit
+real SGLang server) and the learner commands under `/learner/` (bodies and answers are the
+Structs of `rl/learner/protocol.py`):
+  POST /learner/step     StepRequest -> StepReply    one update on this rank's share of the batch
+  POST /learner/sync     -> SyncReply                actor weights -> this rank's engine, new version
+                                                     (sglang_tensor: -> its colocated SGLang server)
+  POST /learner/save     SaveRequest -> SaveReply    checkpoint (collective), HF export on rank 0;
+                                                     with checkpoint.background, returns once staged
+  POST /learner/wait     -> SaveReply                until the background save in flight is committed
+  POST /learner/load     LoadRequest -> LoadReply    restore the latest checkpoint of run_dir
+  POST /learner/release  ReleaseRequest              free the colocated engine's memory for training
+  POST /learner/resume                               restore what release freed and the sync did not
+  GET  /learner/info     -> InfoReply                rank, world size, device, version
+  POST /learner/shutdown                             finish the save in flight, stop serving and exit
 Commands are collectives: the driver sends each to every rank, and they run one at a time in a
-worker thread, so generation requests and health checks are still answered meanwhile.
+worker thread, so generation requests and health checks are still answered meanwhile. A failed
+command answers 500 with a `Failure` (the driver raises `LearnerError` with its message).
 With `engine.kind=sglang` there is no embedded engine: `weight_sync.mode=sglang_tensor` makes
 rank r publish to `engine.urls[r]` (the server colocated on its GPU) through
 `rl.weight_sync.sync_tensor` - the rank owns the gathered bf16 buckets, so the server opens their
@@ -36,8 +38,8 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
-import shutil
 import logging
+import shutil
 import traceback
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -53,9 +55,33 @@ from rl.config import TrainConfig, load_config
 from rl.engine.embedded import EmbeddedEngine, resolve_dtype
 from rl.engine.http import HttpServer, HttpServerConfig
 from rl.engine.server import EngineServer, EngineServerConfig
+from rl.learner.actor_critic import Learner
 from rl.learner.fsdp import Dist, close_distributed, full_state_items, init_distributed
-from rl.learner.actor_critic import Learner, decode_samples
 from rl.learner.models import hf_model
+from rl.learner.protocol import (
+    INFO,
+    LOAD,
+    RELEASE,
+    RESUME,
+    SAVE,
+    SHUTDOWN,
+    STEP,
+    SYNC,
+    WAIT,
+    Empty,
+    Failure,
+    InfoReply,
+    LoadReply,
+    LoadRequest,
+    ReleaseRequest,
+    Route,
+    SaveReply,
+    SaveRequest,
+    StepReply,
+    StepRequest,
+    SyncReply,
+    decode_samples,
+)
 from rl.weight_sync import release as release_server
 from rl.weight_sync import resume as resume_server
 from rl.weight_sync import sync_tensor
@@ -85,11 +111,10 @@ class Rank:
 
         return await anyio.to_thread.run_sync(on_device, limiter=self.commands)
 
-    async def step(self, body: dict) -> dict:
-        samples = decode_samples(Path(body["batch_path"]).read_bytes())
-        scale = float(body.get("lr_scale", 1.0))
-        metrics = await self._in_thread(lambda: self.learner.step(body["kind"], samples, scale))
-        return {"metrics": metrics}
+    async def step(self, req: StepRequest) -> StepReply:
+        samples = decode_samples(Path(req.batch_path).read_bytes())
+        metrics = await self._in_thread(lambda: self.learner.step(req.kind, samples, req.lr_scale))
+        return StepReply(metrics=metrics)
 
     @asynccontextmanager
     async def colocated_server(self):
@@ -104,7 +129,7 @@ class Rank:
         async with SGLangClient(client_cfg) as self.server:
             yield
 
-    async def sync_tensor(self) -> dict:
+    async def sync_tensor(self) -> SyncReply:
         """Actor -> this rank's SGLang server as bf16 buckets (`update_weights_from_tensor`); the
         version is the number of actor updates, recorded by the server with the last bucket and
         returned in every generation's meta_info, so each trajectory carries it."""
@@ -124,15 +149,15 @@ class Rank:
             if released:  # restored by the sync: weights before the buckets, KV cache after
                 self.server_released.clear()
         self.learner.version = version
-        return {"metrics": {"version": version, "weight_sync_s": report.seconds,
-                            "weight_sync_bytes": float(report.bytes), "weight_sync_buckets": report.buckets}}
+        return SyncReply(version=version, metrics={"weight_sync_s": report.seconds, "weight_sync_bytes": float(report.bytes),
+                                                   "weight_sync_buckets": report.buckets})
 
     def _drain(self, buckets) -> None:
         if self.dist.device.type == "cuda":  # a fresh worker thread would default to cuda:0
             torch.cuda.set_device(self.dist.device)
         collections.deque(buckets, maxlen=0)
 
-    async def sync(self, body: dict) -> dict:
+    async def sync(self, req: Empty) -> SyncReply:
         if self.server is not None:
             return await self.sync_tensor()
         if self.engine is None:  # SGLang servers: export for update_weights_from_disk (driver side)
@@ -144,7 +169,7 @@ class Rank:
             if self.dist.is_main:  # servers have loaded the previous one; keep two at most
                 for old in sorted(out.parent.glob("v*"))[:-2]:
                     shutil.rmtree(old, ignore_errors=True)
-            return {"metrics": {"version": version, "export_s": anyio.current_time() - t0}, "path": str(out)}
+            return SyncReply(version=version, metrics={"export_s": anyio.current_time() - t0}, path=str(out))
         engine = self.engine
         await engine.begin_update()
         ok = False
@@ -154,41 +179,41 @@ class Rank:
             ok = True
         finally:
             engine.end_update(self.learner.version if ok else None)
-        return {"metrics": metrics}
+        return SyncReply(version=int(metrics.pop("version")), metrics=metrics)
 
-    async def save(self, body: dict) -> dict:
-        step, out = int(body["step"]), self.run_dir / "hf" if body.get("export") else None
-        metrics = await self._in_thread(lambda: self.learner.save(self.run_dir, step, body.get("extra", {}), out))
-        return {"metrics": metrics}
+    async def save(self, req: SaveRequest) -> SaveReply:
+        out = self.run_dir / "hf" if req.export else None
+        metrics = await self._in_thread(lambda: self.learner.save(self.run_dir, req.step, req.extra, out))
+        return SaveReply(metrics=metrics)
 
-    async def wait(self, body: dict) -> dict:
+    async def wait(self, req: Empty) -> SaveReply:
         """Until the background save in flight is committed (its failure answers 500)."""
-        return {"metrics": await self._in_thread(self.learner.wait_saved)}
+        return SaveReply(metrics=await self._in_thread(self.learner.wait_saved))
 
-    async def load(self, body: dict) -> dict:
-        found = await self._in_thread(lambda: self.learner.load(Path(body["run_dir"])))
+    async def load(self, req: LoadRequest) -> LoadReply:
+        found = await self._in_thread(lambda: self.learner.load(Path(req.run_dir)))
         if found is None:
-            return {"found": False}
-        return {"found": True, "step": found[0], "extra": found[1]}
+            return LoadReply(found=False)
+        return LoadReply(found=True, step=found[0], extra=found[1])
 
-    async def release(self, body: dict) -> dict:
+    async def release(self, req: ReleaseRequest) -> Empty:
         if self.engine is not None:
             await self.engine.release_memory(["kv_cache"])
         if self.server is None:
-            return {}
-        tags = ["weights"] * bool(body.get("weights")) + ["kv_cache", "cuda_graph"]
+            return Empty()
+        tags = ["weights"] * req.weights + ["kv_cache", "cuda_graph"]
         self.server_released |= set(tags)  # first: a half-done release is undone by resume
         try:
             await release_server(self.server, self.cfg.weight_sync, tags)
         except Exception as exc:
             raise RuntimeError(f"{self._who()}: releasing memory {tags} failed: {exc}") from exc
-        return {}
+        return Empty()
 
-    async def resume(self, body: dict) -> dict:
+    async def resume(self, req: Empty) -> Empty:
         if self.engine is not None:
             await self.engine.resume_memory(["kv_cache"])
         if self.server is None or not self.server_released:
-            return {}
+            return Empty()
         tags = sorted(self.server_released)
         try:
             await resume_server(self.server, tags)
@@ -196,45 +221,43 @@ class Rank:
         except Exception as exc:
             raise RuntimeError(f"{self._who()}: resuming memory {tags} failed: {exc}") from exc
         self.server_released.clear()
-        return {}
+        return Empty()
 
     def _who(self) -> str:
         return f"learner rank {self.dist.rank}, SGLang server {self.server.base_url}"
 
-    async def info(self, body: dict) -> dict:
+    async def info(self, req: Empty) -> InfoReply:
         d = self.dist
-        return {"rank": d.rank, "world_size": d.world_size, "device": str(d.device),
-                "version": self.learner.version, "optimizer_steps": self.learner.optimizer_steps}
+        return InfoReply(rank=d.rank, world_size=d.world_size, device=str(d.device),
+                         version=self.learner.version, optimizer_steps=self.learner.optimizer_steps)
 
-    async def shutdown(self, body: dict) -> dict:
+    async def shutdown(self, req: Empty) -> Empty:
         """Stop serving once the save in flight is committed: the driver ends (and SIGTERMs the
         ranks) when this answers, and the run's last checkpoint and RUN/hf must exist by then."""
         try:
             await self._in_thread(self.learner.close)
         finally:
             self.stop.set()
-        return {}
+        return Empty()
 
     def routes(self) -> dict[tuple[str, str], Callable[[Any], Awaitable[tuple[int, Any]]]]:
-        table = {
-            ("POST", "/learner/step"): self.step, ("POST", "/learner/sync"): self.sync,
-            ("POST", "/learner/save"): self.save, ("POST", "/learner/load"): self.load,
-            ("POST", "/learner/release"): self.release, ("POST", "/learner/resume"): self.resume,
-            ("GET", "/learner/info"): self.info, ("POST", "/learner/shutdown"): self.shutdown,
-            ("POST", "/learner/wait"): self.wait,
+        table: dict[Route, Callable[[Any], Awaitable[msgspec.Struct]]] = {
+            STEP: self.step, SYNC: self.sync, SAVE: self.save, WAIT: self.wait, LOAD: self.load,
+            RELEASE: self.release, RESUME: self.resume, INFO: self.info, SHUTDOWN: self.shutdown,
         }
-        return {key: _answering(fn) for key, fn in table.items()}
+        return {(route.method, route.path): _answering(route, fn) for route, fn in table.items()}
 
 
-def _answering(fn: Callable[[dict], Awaitable[dict]]) -> Callable[[Any], Awaitable[tuple[int, Any]]]:
-    """A failed command answers 500 with the traceback (the driver raises LearnerError with it)."""
+def _answering(route: Route, fn: Callable[[Any], Awaitable[msgspec.Struct]]) -> Callable[[Any], Awaitable[tuple[int, Any]]]:
+    """The HTTP handler of `route`: the JSON body as its request, the reply as JSON; a failed
+    command (or a malformed body) answers 500 with a `Failure` holding the traceback."""
 
     async def handler(body: Any) -> tuple[int, Any]:
         try:
-            return 200, {"success": True, **(await fn(body or {}))}
+            return 200, msgspec.to_builtins(await fn(route.request_from(body or {})))
         except Exception as exc:
-            log.exception("command failed")
-            return 500, {"success": False, "message": f"{exc!r}\n{traceback.format_exc(limit=6)}"}
+            log.exception("%s failed", route.path)
+            return 500, msgspec.to_builtins(Failure(message=f"{exc!r}\n{traceback.format_exc(limit=6)}"))
 
     return handler
 

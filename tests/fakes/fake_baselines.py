@@ -13,8 +13,8 @@ import os
 import re
 from pathlib import Path
 
-from rewards.timing.baselines import BaselineRequest, Baselines, SubjectRun, make_key, task_sha256
 from rewards.queue.jobs import JobContext, decode, encode
+from rewards.timing.baselines import BaselineRequest, Baselines, SubjectRun, make_key, task_sha256
 from rewards.timing.sampling import Measurement, TimingConfig
 from rewards.verdict import Timing
 

@@ -1,7 +1,7 @@
 """A fake SGLang server: real HTTP/1.1 on loopback, SGLang's native JSON, deterministic tokens.
 
 What it is: enough of SGLang's native API (`/generate` token-in/token-out with logprobs, and the
-control endpoints of REFERENCE.md section 5) for the client, router and launcher tests, plus
+control endpoints of SGLang's `http_server.py`) for the client, router and launcher tests, plus
 knobs to misbehave: latency, aborts partway, 500s, 400s, corrupt answers, dying and coming back
 on the same port, pause/continue, weight updates that bump `weight_version`.
 What it is not: a model. Token t+1 is `next_token(t)`, its logprob `token_logprob(t+1)`, so the

@@ -1,0 +1,465 @@
+"""Paired timing (rewards.timing.paired) on a CPU: the rotation, the order-statistic interval,
+the stopping rule, the milestone that is not granted when an interval straddles its threshold,
+and its reward; the round loop with fake samplers under a launch speed that drifts for all
+subjects alike (pairing recovers the true ratio where two medians measured apart do not); the
+profile protocol's paired messages; the stability bench's summaries. The child's paired timing
+of a small task on a GPU is the `gpu` test at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import statistics
+import sys
+import types
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from agentcore.types import ProfileResult
+from bench.system import reward_stability
+from rewards.evaluate import FinalEvaluator
+from rewards.queue.jobs import decode, encode
+from rewards.reward import RewardConfig, score_paired
+from rewards.timing.paired import (
+    PairedConfig,
+    PairedSpeedup,
+    PairedSubject,
+    PairedTiming,
+    RoundSubject,
+    RoundTimes,
+    compare,
+    interval_ranks,
+    paired_milestone,
+    paired_speedup,
+    paired_speedups,
+    rotation,
+    rounds_needed,
+    run_rounds,
+    samples_per_round,
+    stop_reason,
+)
+from rewards.timing.profile import (
+    CACHED_NOTE,
+    Profile,
+    ProfileRequest,
+    TimeCandidate,
+    TimePaired,
+    time_paired,
+    time_request_decoder,
+    to_profile_result,
+)
+from rewards.timing.sampling import METHOD_EVENT, Run, Sample, TimingConfig, WarmUp, summarize
+from rewards.verdict import Timing, Verdict, VerdictStatus, reward_info, score_decoder
+from rewards.verify.wire import Load
+
+OK = Verdict(status=VerdictStatus.OK, trials=12)
+
+
+def speedup(estimate: float, low: float, high: float, rounds: int = 20) -> PairedSpeedup:
+    return PairedSpeedup(estimate=estimate, ci_low=low, ci_high=high, rounds=rounds, confidence=0.95)
+
+
+def rounds_of(eager_ratio: float, compile_ratio: float, n: int = 12, jitter: float = 0.0, seed: int = 0):
+    rng = random.Random(seed)
+    return [RoundTimes(candidate_ms=1.0, eager_ms=eager_ratio * (1 + rng.uniform(-jitter, jitter)),
+                       compiled_ms=compile_ratio * (1 + rng.uniform(-jitter, jitter))) for _ in range(n)]
+
+
+def measurement(ms: float):
+    run = Run(device_ms=[ms] * 20, host_ms=[ms + 0.02] * 20, stop="converged", seconds=0.1)
+    return summarize(run, WarmUp(3, 0.2, ms), config=TimingConfig(), method=METHOD_EVENT, calls=1, flush_ms=0.06,
+                     input_pool=4, l2_bytes=50 << 20, flush_bytes=256 << 20)
+
+
+def paired_timing(vs_eager: PairedSpeedup, vs_compile: PairedSpeedup) -> PairedTiming:
+    subjects = tuple(PairedSubject(role=role, label=label, measurement=measurement(ms), samples_per_round=4)
+                     for role, label, ms in (("candidate", "", 1.0), ("eager", "ieee", vs_eager.estimate),
+                                             ("compile", "ieee", vs_compile.estimate)))
+    return PairedTiming(rounds=tuple(rounds_of(vs_eager.estimate, vs_compile.estimate)), stop="converged",
+                        seconds=1.0, vs_eager=vs_eager, vs_compile=vs_compile, subjects=subjects,
+                        method=METHOD_EVENT, config=PairedConfig())
+
+
+# --- rotation and interval ---------------------------------------------------------------------
+
+
+def test_rotation_is_abc_cab_bca():
+    assert [rotation(r, 3) for r in range(4)] == [(0, 1, 2), (2, 0, 1), (1, 2, 0), (0, 1, 2)]
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_every_subject_takes_every_position_equally_often(n):
+    seen = [[0] * n for _ in range(n)]
+    for r in range(3 * n):
+        for position, subject in enumerate(rotation(r, n)):
+            seen[subject][position] += 1
+    assert all(count == 3 for row in seen for count in row)
+
+
+def test_a_95_percent_interval_needs_six_rounds():
+    assert rounds_needed(0.95) == 6
+    assert interval_ranks(5, 0.95) is None
+    assert interval_ranks(6, 0.95) == (0, 5)
+    assert interval_ranks(10, 0.95) == (1, 8)
+
+
+@pytest.mark.parametrize("n", [6, 10, 25, 60, 200])
+def test_the_order_statistic_interval_has_its_coverage_exactly(n):
+    lo, hi = interval_ranks(n, 0.95)
+    k = lo + 1  # 1-based rank of the lower bound
+    coverage = 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2**n
+    assert coverage >= 0.95
+    wider = 1 - 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    assert wider < 0.95  # the next narrower interval would fall short: k is the largest rank
+
+
+def test_speedup_is_the_median_of_per_round_ratios():
+    s = paired_speedup([2.0, 4.0, 3.0, 6.0, 5.0, 8.0], [1.0, 2.0, 1.0, 2.0, 1.0, 2.0], 0.95)
+    assert s.estimate == statistics.median([2, 2, 3, 3, 5, 4])
+    assert (s.ci_low, s.ci_high) == (2.0, 5.0)  # six rounds: min and max of the ratios
+    with pytest.raises(ValueError, match="need 6"):
+        paired_speedup([1.0] * 5, [1.0] * 5, 0.95)
+
+
+def test_config_refuses_fewer_rounds_than_an_interval_needs():
+    with pytest.raises(ValueError, match="needs 6"):
+        PairedConfig(min_rounds=5)
+    with pytest.raises(ValueError):
+        PairedConfig(min_rounds=20, max_rounds=10)
+
+
+def test_samples_per_round_fill_the_round_target_within_the_cap():
+    config = PairedConfig(round_target_ms=20.0, max_samples_per_round=16)
+    assert samples_per_round(config, 5.0) == 4
+    assert samples_per_round(config, 50.0) == 1
+    assert samples_per_round(config, 0.01) == 16
+
+
+# --- stopping rule ---------------------------------------------------------------------------------
+
+
+def test_no_stop_before_min_rounds_even_past_the_time_cap():
+    config = PairedConfig(min_rounds=10, time_cap_s=1.0)
+    assert stop_reason(rounds_of(1.2, 1.1, n=9), 100.0, config) is None
+
+
+def test_tight_rounds_converge_at_min_rounds():
+    assert stop_reason(rounds_of(1.2, 1.1, n=10, jitter=0.001), 0.5, PairedConfig(min_rounds=10)) == "converged"
+
+
+def test_one_wide_interval_keeps_sampling_until_a_cap():
+    config = PairedConfig(min_rounds=10, max_rounds=40, time_cap_s=5.0)
+    rounds = [RoundTimes(candidate_ms=1.0, eager_ms=1.2, compiled_ms=c) for c in [1.0, 1.3] * 6]
+    assert stop_reason(rounds, 1.0, config) is None
+    assert stop_reason(rounds, 5.0, config) == "max_time"
+    assert stop_reason(rounds * 4, 1.0, config) == "max_rounds"
+
+
+# --- the round loop under a drifting launch speed -------------------------------------------------
+
+
+class Drift:
+    """A fake clock and a launch-speed factor that random-walks between 1x and 2x over time, the
+    same for every subject at a given moment (what a VM's CPU does to launch-bound models)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng, self.now, self.factor = random.Random(seed), 0.0, 1.0 + random.Random(seed).random()
+
+    def clock(self) -> float:
+        return self.now
+
+    def sampler(self, base_ms: float, noise: float = 0.01):
+        def sample(i: int) -> Sample:
+            self.factor = min(2.0, max(1.0, self.factor * math.exp(self.rng.gauss(0, 0.003))))
+            ms = base_ms * self.factor * (1 + self.rng.gauss(0, noise))
+            self.now += (ms + 0.1) / 1e3
+            return Sample(device_ms=ms, host_ms=ms + 0.05, launch_ms=0.95 * ms)
+
+        return sample
+
+
+def paired_run(seed: int, true_ratio: float = 1.10, config: PairedConfig = PairedConfig()):
+    drift = Drift(seed)
+    subjects = [RoundSubject("candidate", drift.sampler(5.0 / true_ratio), 4),
+                RoundSubject("eager", drift.sampler(5.0), 4), RoundSubject("compile", drift.sampler(4.0), 4)]
+    return run_rounds(subjects, config, clock=drift.clock)
+
+
+def test_pairing_recovers_the_true_ratio_under_a_common_drift():
+    covered, estimates = 0, []
+    for seed in range(60):
+        run = paired_run(seed)
+        vs_eager, _ = paired_speedups(run.rounds, 0.95)
+        covered += vs_eager.ci_low <= 1.10 <= vs_eager.ci_high
+        estimates.append(vs_eager.estimate)
+    assert covered >= 0.9 * 60
+    assert max(estimates) / min(estimates) < 1.03
+
+
+def test_two_medians_measured_apart_carry_the_drift():
+    ratios = []
+    for seed in range(20):
+        eager, candidate = Drift(seed), Drift(1000 + seed)  # two processes, two moments
+        e = statistics.median(eager.sampler(5.0)(i).device_ms for i in range(50))
+        c = statistics.median(candidate.sampler(5.0 / 1.10)(i).device_ms for i in range(50))
+        ratios.append(e / c)
+    assert max(ratios) / min(ratios) > 1.3
+    assert sum(abs(r / 1.10 - 1) > 0.05 for r in ratios) >= 5  # the milestone would be a coin flip
+
+
+def test_rounds_record_every_sample_and_stop_with_a_reason():
+    run = paired_run(3)
+    assert run.stop in ("converged", "max_rounds", "max_time")
+    assert len(run.rounds) >= PairedConfig().min_rounds
+    assert [len(d) for d in run.device_ms] == [4 * len(run.rounds)] * 3
+    assert all(launch == pytest.approx(0.95 * d, rel=1e-9) for launch, d in zip(run.launch_ms[0], run.device_ms[0]))
+
+
+def test_the_round_loop_needs_one_candidate_and_both_baselines():
+    drift = Drift(0)
+    with pytest.raises(ValueError):
+        run_rounds([RoundSubject("candidate", drift.sampler(1.0), 1), RoundSubject("eager", drift.sampler(1.0), 1)],
+                   PairedConfig(), clock=drift.clock)
+
+
+# --- the decision and its reward ----------------------------------------------------------------
+
+
+def test_outcome_is_decided_by_the_whole_interval():
+    t = 1 / 0.95
+    assert compare(speedup(1.2, 1.15, 1.25), 0.05) == "beaten"
+    assert compare(speedup(1.0, 0.98, 1.02), 0.05) == "not_beaten"
+    assert compare(speedup(1.06, 1.04, 1.08), 0.05) == "inconclusive"
+    assert compare(speedup(1.06, t, 1.08), 0.05) == "inconclusive"  # a bound on the threshold does not clear it
+    assert compare(speedup(1.0, 0.9, t), 0.05) == "not_beaten"
+
+
+def test_an_inconclusive_eager_comparison_gives_the_lower_milestone_and_says_why():
+    m = paired_milestone(speedup(1.06, 1.04, 1.08), speedup(1.2, 1.15, 1.25), 0.05)
+    assert (m.level, m.vs_eager, m.inconclusive) == (1, "inconclusive", True)
+    assert "eager" in m.note and "[1.0400, 1.0800]" in m.note and "1.0526" in m.note
+
+
+def test_an_inconclusive_compile_comparison_stops_at_milestone_two():
+    m = paired_milestone(speedup(1.3, 1.25, 1.35), speedup(1.06, 1.04, 1.08), 0.05)
+    assert (m.level, m.vs_compile, m.inconclusive) == (2, "inconclusive", True)
+    assert "torch.compile" in m.note
+
+
+def test_an_inconclusive_compile_comparison_costs_nothing_when_eager_was_not_beaten():
+    m = paired_milestone(speedup(1.0, 0.99, 1.01), speedup(1.06, 1.04, 1.08), 0.05)
+    assert (m.level, m.inconclusive, m.note) == (1, False, "")
+
+
+@pytest.mark.parametrize("eager, compiled, level", [
+    (speedup(1.3, 1.25, 1.35), speedup(1.2, 1.15, 1.25), 3),
+    (speedup(1.3, 1.25, 1.35), speedup(1.0, 0.98, 1.02), 2),
+    (speedup(1.0, 0.98, 1.02), speedup(1.2, 1.15, 1.25), 1),
+])
+def test_decided_intervals_give_the_papers_milestones(eager, compiled, level):
+    assert paired_milestone(eager, compiled, 0.05).level == level
+
+
+def test_score_paired_keeps_the_papers_rewards_and_records_the_intervals():
+    s = score_paired(OK, paired_timing(speedup(1.3, 1.25, 1.35), speedup(1.06, 1.04, 1.08)))
+    assert (s.reward, s.milestone, s.paired, s.inconclusive) == (2.0, 2, True, True)
+    assert s.speedup_vs_eager == 1.3 and s.speedup_vs_compile_ci == (1.04, 1.08)
+    assert s.breakdown["vs_compile"] == "inconclusive" and s.breakdown["inconclusive_vs_compile"] is True
+    info = reward_info(s)
+    assert info["inconclusive"] is True and info["timing_paired"] is True
+    assert (info["speedup_vs_compile_low"], info["speedup_vs_compile_high"]) == (1.04, 1.08)
+    assert info["candidate_host_ratio"] == pytest.approx(1.0 / 1.02)
+    assert all(v is None or isinstance(v, (str, int, float, bool)) for v in info.values())
+    assert score_decoder.decode(msgspec.json.encode(s)) == s
+
+
+def test_score_paired_gives_three_for_decided_wins_and_minus_one_for_failures():
+    timing = paired_timing(speedup(1.3, 1.25, 1.35), speedup(1.2, 1.15, 1.25))
+    assert score_paired(OK, timing).reward == 3.0
+    failed = Verdict(status=VerdictStatus.WRONG_OUTPUT, message="mismatch")
+    assert score_paired(failed, None).reward == -1.0
+    assert score_paired(failed, timing).milestone is None
+    with pytest.raises(ValueError):
+        score_paired(OK, None)
+
+
+def test_score_paired_speedup_mode_uses_the_paired_estimates():
+    timing = paired_timing(speedup(1.3, 1.25, 1.35), speedup(1.2, 1.15, 1.25))
+    s = score_paired(OK, timing, RewardConfig(mode="speedup", speedup_baseline="best", speedup_transform="clipped"))
+    assert s.reward == pytest.approx(1.2)
+
+
+# --- the profile protocol --------------------------------------------------------------------------
+
+
+def test_paired_timing_round_trips_in_a_profile():
+    timing = paired_timing(speedup(1.3, 1.25, 1.35), speedup(1.2, 1.15, 1.25))
+    profile = Profile(ok=True, candidate=timing.fastest("candidate").timing, paired=timing, compile_cache=b"\x00blob")
+    assert decode(encode(profile), Profile) == profile
+
+
+def test_the_child_tells_paired_from_single_requests():
+    load = Load(task_source="", candidate_dir="c", so_path="", device="cuda", init_inputs="[]", init_seed=0, state={},
+                transfer_dir="t")
+    single = TimeCandidate(load=load, config=TimingConfig(), input_seed=1)
+    paired = TimePaired(load=load, config=TimingConfig(), paired=PairedConfig(), input_seed=1, policy="fp32-ieee")
+    assert time_request_decoder.decode(msgspec.msgpack.encode(single)) == single
+    assert time_request_decoder.decode(msgspec.msgpack.encode(paired)) == paired
+
+
+TASK = """
+import torch
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(4))
+    def forward(self, x):
+        return torch.relu(x) * self.scale
+def get_inputs():
+    return [torch.rand(256, 4)]
+def get_init_inputs():
+    return []
+"""
+
+CANDIDATE = """
+import torch
+class ModelNew(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(4))
+    def forward(self, x):
+        return torch.relu(x) * self.scale
+"""
+
+
+def workspace(tmp_path: Path) -> Path:
+    (tmp_path / "candidate").mkdir()
+    (tmp_path / "candidate" / "model_new.py").write_text(CANDIDATE)
+    return tmp_path
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_reference_that_cannot_be_built_in_the_child_is_not_the_candidates_failure(tmp_path):
+    timed = time_paired(ProfileRequest(task_source=TASK, device="cuda", paired=True), workspace(tmp_path))
+    assert not timed.ok and timed.harness_error
+
+
+def test_the_profile_tool_says_when_the_baselines_are_cached():
+    t = Timing.from_samples([1.0], method=METHOD_EVENT)
+    fresh = to_profile_result(Profile(ok=True, candidate=t, eager=t, compiled=t))
+    cached = to_profile_result(Profile(ok=True, candidate=t, eager=t, compiled=t, baselines_cached=True))
+    assert fresh == ProfileResult(ok=True, candidate_ms=1.0, eager_ms=1.0, compile_ms=1.0)
+    assert cached.message == CACHED_NOTE
+
+
+def test_the_final_evaluation_refuses_the_timing_only_harness_mode():
+    t = Timing.from_samples([1.0], method=METHOD_EVENT)
+    evaluator = FinalEvaluator(env=None)
+    with pytest.raises(ValueError, match="harness"):
+        evaluator._scored(OK, Profile(ok=True, candidate=t, eager=t, compiled=t, reference_candidate=True))
+
+
+# --- measure_paired with the GPU faked ------------------------------------------------------------
+
+
+class NoClocks:
+    def __call__(self) -> None:
+        return None
+
+    def max_sm_clock_mhz(self) -> None:
+        return None
+
+
+class FakeGpu:
+    """The edge of `rewards.timing.gpu_timer.Gpu`: a sample is the call's return value in ms."""
+
+    index, l2_bytes = 0, 50 << 20
+
+    def __init__(self, config: TimingConfig) -> None:
+        self.flush_buffer = types.SimpleNamespace(numel=lambda: 256 << 20)
+        self.clocks = NoClocks()
+
+    def timed(self, call) -> Sample:
+        ms = call()
+        return Sample(device_ms=ms, host_ms=ms + 0.02, launch_ms=0.9 * ms)
+
+    def flush_ms(self) -> float:
+        return 0.06
+
+    def clock_ready(self, config):
+        return None
+
+
+def test_measure_paired_times_every_subject_in_rounds_and_reports_why_no_graph(monkeypatch):
+    from rewards.timing import paired_timer
+
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(
+        cuda=types.SimpleNamespace(Device=lambda i: contextlib.nullcontext())))
+    monkeypatch.setattr(paired_timer, "Gpu", FakeGpu)
+    rng = random.Random(0)
+    calls = [paired_timer.PairedCall("candidate", "", lambda x: 1.0 * (1 + rng.gauss(0, 0.002))),
+             paired_timer.PairedCall("eager", "ieee", lambda x: 1.3 * (1 + rng.gauss(0, 0.002))),
+             paired_timer.PairedCall("compile", "ieee", lambda x: 1.1 * (1 + rng.gauss(0, 0.002)))]
+    config = TimingConfig(warmup_s=0.01, graph="never")
+    timing = paired_timer.measure_paired(calls, lambda i: (i,), config, PairedConfig())
+    assert timing.stop == "converged" and len(timing.rounds) == PairedConfig().min_rounds
+    assert timing.vs_eager.estimate == pytest.approx(1.3, rel=0.01)
+    assert timing.vs_compile.ci_low <= timing.vs_compile.estimate <= timing.vs_compile.ci_high
+    assert [s.role for s in timing.subjects] == ["candidate", "eager", "compile"]
+    m = timing.fastest("eager")
+    assert m.launch_ratio == pytest.approx(0.9) and m.timing.host_ratio == pytest.approx(1.3 / 1.32, rel=0.01)
+    assert m.graph_info_ms is None and m.graph_info_error  # launch-bound, but no CUDA here to capture a graph
+    assert decode(encode(timing), PairedTiming) == timing
+
+
+# --- the stability bench's summaries ---------------------------------------------------------------
+
+
+def row(milestone: int, e: float, c: float, ci: float | None = None, inconclusive: bool = False) -> dict:
+    r = {"ok": True, "wall_s": 2.0, "milestone": milestone, "speedup_vs_eager": e, "speedup_vs_compile": c}
+    if ci is not None:
+        r |= {"ci_vs_eager": [e * (1 - ci), e * (1 + ci)], "ci_vs_compile": [c * (1 - ci), c * (1 + ci)],
+              "inconclusive": inconclusive}
+    return r
+
+
+def test_stability_summary_counts_agreement_spread_and_widths():
+    old = [row(1, 1.0, 0.8), row(2, 1.6, 1.0), row(1, 0.9, 0.9), {"ok": False, "wall_s": 1.0, "error": "x"}]
+    paired = [row(1, 1.00, 0.80, 0.01), row(1, 1.01, 0.81, 0.02), row(1, 1.02, 0.80, 0.01, inconclusive=True)]
+    o, p = reward_stability.way_summary(old), reward_stability.way_summary(paired)
+    assert (o["runs"], o["failed"], o["agreement"], o["modal_milestone"]) == (4, 1, 2, 1)
+    assert o["spread_vs_eager"] == pytest.approx(1.6 / 0.9)
+    assert p["ci_width_vs_eager_median"] == pytest.approx(0.02, rel=1e-6) and p["inconclusive"] == 1
+    goals = reward_stability.targets(o, p)
+    assert goals["paired_agreement_ok"] is True
+    assert goals["paired_spread_ok"] == {"vs_eager": True, "vs_compile": None}
+    text = reward_stability.markdown([{"task": "4_LeNet5", "candidate": "reference",
+                                       "summary": {"old": o, "paired": p, "targets": goals}}], None)
+    assert "| 4_LeNet5 | reference | 3 | 2 (m1)" in text and "| ok |" in text
+
+
+# --- on a GPU ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_the_child_times_candidate_eager_and_compile_together(tmp_path):
+    from rewards.timing.profile import run_profile
+
+    request = ProfileRequest(task_source=TASK, paired=True, config=msgspec.structs.replace(
+        ProfileRequest(task_source=TASK).config, child_launcher="spawn"))
+    outcome = run_profile(request, work_dir=workspace(tmp_path))
+    assert outcome.ok, outcome.message
+    p = outcome.paired
+    assert len(p.rounds) >= p.config.min_rounds and p.stop in ("converged", "max_rounds", "max_time")
+    assert {s.role for s in p.subjects} == {"candidate", "eager", "compile"}
+    assert all(s.measurement.timing.method == p.method and s.measurement.timing.host_ratio for s in p.subjects)
+    assert 0.5 < p.vs_eager.estimate < 2.0 and p.vs_eager.ci_low <= p.vs_eager.estimate <= p.vs_eager.ci_high
+    assert outcome.compile_cache  # recorded by the trusted side for later requests
+    assert score_paired(OK, p).milestone in (1, 2, 3)
+    harness = run_profile(msgspec.structs.replace(request, candidate="reference", compile_cache=outcome.compile_cache),
+                          work_dir=tmp_path)
+    assert harness.ok and harness.reference_candidate and not harness.compile_cache
+    assert score_paired(OK, harness.paired).milestone == 1  # the reference is not 5% faster than itself
