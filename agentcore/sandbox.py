@@ -24,11 +24,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
@@ -204,6 +206,14 @@ def sandbox_env(c: SandboxConfig) -> dict[str, str]:
     return env | dict(c.extra_env)
 
 
+def _others_can_enter(path: str) -> bool:
+    """Whether a user that is neither owner nor group (the sandbox's uid) can reach `path`."""
+    try:
+        return all(os.stat(p).st_mode & stat.S_IXOTH for p in (path, *map(str, Path(path).parents)))
+    except OSError:
+        return False
+
+
 @cache
 def bwrap_options(bwrap: str) -> frozenset[str]:
     """The options this bwrap knows: --size came in 0.7, --disable-userns in 0.8."""
@@ -227,8 +237,11 @@ def bwrap_argv(bwrap: str, workspace: Workspace, c: SandboxConfig) -> list[str]:
     for hidden in c.hide_paths:
         argv += ["--tmpfs", hidden]
     hidden = [parent, *c.hide_paths] if parent not in ("/", "/tmp") else list(c.hide_paths)
-    for path in bind_back(interpreter_dirs(), ["/tmp", *hidden], keep_hidden=hidden):  # its python
-        argv += ["--ro-bind", path, path]
+    for path in bind_back(interpreter_dirs(), ["/tmp", *hidden], keep_hidden=hidden):
+        # its python, where the sandbox's user may enter it (under a 0700 temp dir it may not, and
+        # bwrap would refuse the bind: PATH's later entries then give the system's python3)
+        if _others_can_enter(path):
+            argv += ["--ro-bind", path, path]
     argv += ["--bind", ws, ws]
     for path in sorted(workspace.protected_paths()):
         argv += ["--ro-bind", str(path), str(path)]

@@ -45,6 +45,7 @@ from agentcore.toolparse import tool_schemas
 from agentcore.types import Message, Task, Trajectory
 from rl.config import TrainConfig, save_config
 from rl.learner_client import LearnerGroup
+from rl.pretrained import resolve_model
 from rl.scoring import EnvScorer
 
 log = logging.getLogger("cuda-agent.train")
@@ -132,7 +133,7 @@ def resolve_tokenizer(cfg: TrainConfig, run_dir: Path) -> str:
     if cfg.data.tokenizer:
         return cfg.data.tokenizer
     if cfg.model.path:
-        return cfg.model.path
+        return str(resolve_model(cfg.model.path))  # builds a named model once, before the ranks load it
     return str(build_tiny_tokenizer(run_dir / "tokenizer"))
 
 
@@ -179,7 +180,7 @@ def _check_weight_sync(cfg: TrainConfig) -> None:
 
 
 def _check_vocab(cfg: TrainConfig, vocab: int) -> None:
-    hf = cfg.model.hf_config
+    hf = None if cfg.model.path else cfg.model.hf_config   # a checkpoint's own config wins
     if hf and int(hf.get("vocab_size", 0)) < vocab:
         raise SystemExit(f"model.hf_config.vocab_size {hf.get('vocab_size')} < tokenizer size {vocab}")
 

@@ -409,3 +409,14 @@ async def test_sglang_engine_run_sends_fixed_sampling_and_recorded_seeds(tmp_pat
     first_turn_seeds = {q["sampling_params"]["sampling_seed"] for q in requests}
     assert {r.seed for r in records} <= first_turn_seeds  # turn 0 samples with the recorded seed
     assert all(r.source == fake.url for r in records)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--engine", "sglang", "--url", "localhost:30000"], "is not a server URL"),
+    (["--engine", "sglang", "--url", "http://127.0.0.1:1", "--tokenizer", "/no/such/dir"], "no such directory"),
+])  # fmt: skip
+def test_a_bad_url_or_tokenizer_is_a_one_line_usage_error(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]

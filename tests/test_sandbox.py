@@ -407,3 +407,42 @@ async def test_hidden_host_paths_are_empty(root):
     box = await _setup(root, SandboxConfig(hide_paths=(str(secret_dir),)))
     result = await run(box, f"ls -A {secret_dir}")
     assert result.output == ""
+
+
+AGENT_IN_VENV = """
+import sys, anyio
+from pathlib import Path
+from agentcore.sandbox import Sandbox, SandboxConfig
+from agentcore.types import Task
+from agentcore.workspace import Workspace
+
+async def main():
+    sandbox = Sandbox(SandboxConfig(timeout_s=20))
+    ws = await Workspace.create(Task(task_id="t", source="x = 1\\n"), Path(sys.argv[1]), name="traj-0",
+                                owner_uid=sandbox.run_uid)
+    result = await sandbox.run("echo started; python3 -c 'print(6 * 7)'", ws)
+    print(result.exit_code, result.output.strip().replace("\\n", " "))
+
+anyio.run(main)
+"""
+
+
+@needs_bwrap
+@pytest.mark.parametrize("mode", [0o755, 0o700])  # 0o700: mktemp -d's, which the sandbox's user cannot enter
+def test_the_sandbox_starts_from_a_virtualenv_under_tmp(root, mode):
+    """Run from a virtualenv under /tmp (the sandbox mounts a /tmp of its own, and binds the
+    interpreter back where the sandbox's user may enter it), commands run and python3 works."""
+    venv_root = Path(tempfile.mkdtemp(prefix="venv-sandbox-", dir="/tmp"))
+    try:
+        venv = venv_root / "venv"
+        subprocess.run([os.sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        site = subprocess.run([str(venv / "bin" / "python"), "-c", "import site; print(site.getsitepackages()[0])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        Path(site, "parent_env.pth").write_text("\n".join(p for p in os.sys.path if p and os.path.isdir(p)) + "\n")
+        venv_root.chmod(mode)
+        out = subprocess.run([str(venv / "bin" / "python"), "-c", AGENT_IN_VENV, str(root)],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.strip().splitlines()[-1].split() == ["0", "started", "42"]
+    finally:
+        shutil.rmtree(venv_root, ignore_errors=True)

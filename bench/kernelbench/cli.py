@@ -38,7 +38,7 @@ from pathlib import Path
 import anyio
 
 from agentcore import runtime
-from agentcore.cli import HelpFormatter
+from agentcore.cli import HelpFormatter, checked_dir, checked_url
 from agentcore.signals import stop_on_signal
 from bench.kernelbench.recheck import NoGpuError
 from bench.system.records import ProblemRecord
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--levels", default="1,2,3", help="KernelBench levels (4 is skipped: hub weights)")
     p.add_argument("--problem-ids", default="", help="only these problem ids, e.g. 19,23")
     p.add_argument("--engine", choices=["local", "sglang", "replay"], help="default: replay with --replay, else local")
-    p.add_argument("--model", default="", help="HF model directory (local engine; default tokenizer)")
+    p.add_argument("--model", default="", help="HF model directory or a named model (smollm2-135m) (local engine; default tokenizer)")
     p.add_argument("--url", action="append", default=[], help="SGLang server URL (repeatable)")
     p.add_argument("--tokenizer", default="", help="tokenizer directory (default: --model)")
     p.add_argument("--family", default="hermes", help="tool-call format: hermes, qwen3_coder")
@@ -102,6 +102,10 @@ def to_config(a: argparse.Namespace):
     from bench.kernelbench.run import BenchConfig
 
     engine = a.engine or ("replay" if a.replay or a.wrappers else "local")
+    for url in a.url:
+        checked_url(url)
+    if a.tokenizer:
+        checked_dir(a.tokenizer, "--tokenizer")
     return BenchConfig(
         problems_path=a.problems, levels=parse_levels(a.levels), problem_ids=_ints(a.problem_ids), engine=engine,
         model_path=a.model, urls=tuple(a.url), tokenizer=a.tokenizer, family=a.family,

@@ -71,6 +71,7 @@ from bench.kernelbench.wrappers import write_wrappers
 from bench.system.records import ProblemRecord, append_record, read_records
 from rewards.build.toolchain import MachineError
 from rewards.verdict import Score
+from rl.pretrained import resolve_model
 
 log = logging.getLogger("cuda-agent.bench")
 
@@ -196,7 +197,7 @@ def _renderer(config: BenchConfig, out: Path) -> ChatRenderer:
         if config.engine != "replay":
             raise ValueError(f"engine {config.engine!r} needs model_path or tokenizer")
         path = str(build_tiny_tokenizer(out / "tokenizer"))
-    return ChatRenderer(load_tokenizer(path), tool_schemas(), config.family)
+    return ChatRenderer(load_tokenizer(resolve_model(path)), tool_schemas(), config.family)
 
 
 async def _open_engine(config: BenchConfig, renderer: ChatRenderer, work: _Plan,

@@ -333,10 +333,13 @@ def main_watch(argv: list[str]) -> int:
     if args.once and not args.watch.is_dir():
         print(f"cuda-agent bench --watch: no run directory at {args.watch}", file=sys.stderr)
         return 2
-    from bench.kernelbench.cli import machine_problem
+    from rewards.build.toolchain import MachineError, check_gpu_machine
 
-    if config.env == "real" and (problem := machine_problem(config.gpus)):
-        print(f"cuda-agent bench --watch: this machine cannot benchmark checkpoints: {problem}", file=sys.stderr)
+    try:
+        if config.env == "real":
+            check_gpu_machine(config.gpus)
+    except MachineError as exc:
+        print(f"cuda-agent bench --watch: this machine cannot benchmark checkpoints: {exc}", file=sys.stderr)
         return 2
 
     rows: list[dict] = []

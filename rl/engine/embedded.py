@@ -43,6 +43,7 @@ from rl.engine.batch import Request as _Request
 from rl.engine.config import EmbeddedEngineConfig, EngineStats
 from rl.engine.runner import ModelRunner, resolve_device, resolve_dtype
 from rl.learner.models import quiet_transformers
+from rl.pretrained import resolve_model
 
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 _T = TypeVar("_T")
@@ -110,11 +111,12 @@ class EmbeddedEngine:
     def from_pretrained(
         cls, path: str, config: EmbeddedEngineConfig = EmbeddedEngineConfig()
     ) -> EmbeddedEngine:
-        """Load a local HF directory (config.json + safetensors); never downloads."""
+        """Load a local HF directory (config.json + safetensors), or a named model of
+        `rl.pretrained` (built once from its wheel, then cached)."""
         quiet_transformers()
         device = resolve_device(config.device)
         model = AutoModelForCausalLM.from_pretrained(
-            path,
+            resolve_model(path),
             dtype=resolve_dtype(config.dtype, device),
             attn_implementation=config.attn_implementation,
             local_files_only=True,

@@ -33,13 +33,15 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from rl.learner import attention
+from rl.pretrained import resolve_model
 
 
 class ModelConfig(Struct, frozen=True, kw_only=True):
     """Where the weights come from and how the forward pass is computed."""
 
     path: str | None = None
-    """Local HF directory (config.json + safetensors); None = random init from `hf_config`."""
+    """Local HF directory (config.json + safetensors) or a name in `rl.pretrained.MODELS`
+    (`smollm2-135m`); None = random init from `hf_config`."""
     hf_config: dict[str, Any] | None = None
     """A Qwen2-style config dict for random init when `path` is None."""
     attn_implementation: str = "auto"
@@ -237,7 +239,7 @@ def build_actor(cfg: ModelConfig, device: torch.device | str, *, init: bool = Tr
     quiet_transformers()
     kwargs = _load_kwargs(cfg, device)
     if cfg.path is not None:
-        lm = AutoModelForCausalLM.from_pretrained(cfg.path, local_files_only=True, **kwargs)
+        lm = AutoModelForCausalLM.from_pretrained(resolve_model(cfg.path), local_files_only=True, **kwargs)
     elif not init:
         with _no_weight_init():
             lm = _random_causal_lm(cfg, kwargs)
@@ -253,7 +255,7 @@ def build_critic(cfg: ModelConfig, device: torch.device | str) -> Critic:
     quiet_transformers()
     kwargs = _load_kwargs(cfg, device)
     if cfg.path is not None:
-        backbone = AutoModel.from_pretrained(cfg.path, local_files_only=True, **kwargs)
+        backbone = AutoModel.from_pretrained(resolve_model(cfg.path), local_files_only=True, **kwargs)
     else:
         # The backbone of the same seeded causal LM, so actor and critic start from equal weights
         # as they do when both load one checkpoint.
