@@ -183,11 +183,21 @@ def _read_licence(zf: zipfile.ZipFile) -> str:
     return zf.read(names[0]).decode("utf-8", "replace") if names else ""
 
 
+def quiet_transformers() -> None:
+    """No transformers or huggingface_hub progress bars in this process ("Loading weights",
+    "Writing model shards" of every export): the trainer's progress line is the only one. Their
+    warnings stay on (a checkpoint with missing weights is worth seeing)."""
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    disable_progress_bars()
+
+
 def convert_gguf(gguf: Path, out: Path) -> None:
     """Dequantise the GGUF model at `gguf` and save it to `out` as safetensors with its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rl.learner.models import quiet_transformers
 
     quiet_transformers()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

@@ -42,8 +42,7 @@ from rl.engine.batch import Batch as _Batch
 from rl.engine.batch import Request as _Request
 from rl.engine.config import EmbeddedEngineConfig, EngineStats
 from rl.engine.runner import ModelRunner, resolve_device, resolve_dtype
-from rl.learner.models import quiet_transformers
-from rl.pretrained import resolve_model
+from rl.pretrained import quiet_transformers, resolve_model
 
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 _T = TypeVar("_T")

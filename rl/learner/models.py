@@ -6,8 +6,7 @@ ever building the full [T, vocab] logits (and, given the action mask, running th
 the positions the losses read); `Critic` is the same backbone without the LM head and
 with a scalar value head. `build_actor` / `build_critic` load them from a local HF directory or
 initialise them at random from a Qwen2-style config dict; `tiny_qwen2_config` / `qwen2_config`
-give such dicts; `flops_per_token` and `count_params` feed the MFU figures; `quiet_transformers`
-turns transformers' progress bars off wherever we load or save a model.
+give such dicts; `flops_per_token` and `count_params` feed the MFU figures.
 What it is not: sharding, mixed precision or activation checkpointing. `rl.learner.fsdp` applies
 all three (`shard`, `apply_activation_checkpointing` over `layers(module)`);
 `ModelConfig.gradient_checkpointing` is read by the caller that builds the learner, never here.
@@ -33,7 +32,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from rl.learner import attention
-from rl.pretrained import resolve_model
+from rl.pretrained import quiet_transformers, resolve_model
 
 
 class ModelConfig(Struct, frozen=True, kw_only=True):
@@ -217,17 +216,6 @@ class Critic(nn.Module):
             **attention_kwargs(self.backbone, position_ids),
         ).last_hidden_state  # [1, T, H]
         return self.value_head(hidden)[..., 0].float().clone()  # [1, T] (a fresh tensor, not a view)
-
-
-def quiet_transformers() -> None:
-    """No transformers or huggingface_hub progress bars in this process ("Loading weights",
-    "Writing model shards" of every export): the trainer's progress line is the only one. Their
-    warnings stay on (a checkpoint with missing weights is worth seeing)."""
-    from huggingface_hub.utils import disable_progress_bars
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    disable_progress_bars()
 
 
 def build_actor(cfg: ModelConfig, device: torch.device | str, *, init: bool = True) -> Actor:
