@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ import anyio.abc
 from msgspec import Struct
 
 from agentcore.interpreter import bind_back, interpreter_dirs
+from agentcore.workspace import can_traverse
 
 if TYPE_CHECKING:
     from agentcore.workspace import Workspace
@@ -206,12 +206,19 @@ def sandbox_env(c: SandboxConfig) -> dict[str, str]:
     return env | dict(c.extra_env)
 
 
-def _others_can_enter(path: str) -> bool:
-    """Whether a user that is neither owner nor group (the sandbox's uid) can reach `path`."""
+def _can_enter(path: str, uid: int | None) -> bool:
+    """Whether the sandbox's user (`uid`; None: ours) may reach `path` through every folder."""
+    if uid is None:
+        return True
     try:
-        return all(os.stat(p).st_mode & stat.S_IXOTH for p in (path, *map(str, Path(path).parents)))
+        return all(can_traverse(p, uid) for p in (Path(path), *Path(path).parents))
     except OSError:
         return False
+
+
+def run_uid(c: SandboxConfig) -> int | None:
+    """The uid commands run as when it differs from ours (we are root), else None."""
+    return c.sandbox_uid if os.geteuid() == 0 else None
 
 
 @cache
@@ -240,7 +247,7 @@ def bwrap_argv(bwrap: str, workspace: Workspace, c: SandboxConfig) -> list[str]:
     for path in bind_back(interpreter_dirs(), ["/tmp", *hidden], keep_hidden=hidden):
         # its python, where the sandbox's user may enter it (under a 0700 temp dir it may not, and
         # bwrap would refuse the bind: PATH's later entries then give the system's python3)
-        if _others_can_enter(path):
+        if _can_enter(path, run_uid(c)):
             argv += ["--ro-bind", path, path]
     argv += ["--bind", ws, ws]
     for path in sorted(workspace.protected_paths()):
@@ -302,9 +309,7 @@ class Sandbox:
     @property
     def run_uid(self) -> int | None:
         """The uid commands run as when it differs from ours (we are root), else None."""
-        if os.geteuid() == 0 and self.config.sandbox_uid is not None:
-            return self.config.sandbox_uid
-        return None
+        return run_uid(self.config)
 
     def unavailable_reason(self) -> str | None:
         """Why `run` would refuse, in words for the model; None when it can run."""

@@ -96,15 +96,21 @@ def is_binary(data: bytes) -> bool:
     return b"\0" in data[:8192]
 
 
+def can_traverse(folder: Path, uid: int) -> bool:
+    """Whether `uid` (the sandbox's user) may pass through `folder`."""
+    st = folder.stat()
+    return bool(
+        st.st_mode & stat.S_IXOTH
+        or st.st_uid == uid
+        or (st.st_gid == uid and st.st_mode & stat.S_IXGRP)
+    )
+
+
 def _check_traversable(path: Path, uid: int) -> None:
     """bwrap, running as `uid`, must reach the workspace through every ancestor."""
     for folder in reversed(path.parents):
-        st = folder.stat()
-        if not (
-            st.st_mode & stat.S_IXOTH
-            or st.st_uid == uid
-            or (st.st_gid == uid and st.st_mode & stat.S_IXGRP)
-        ):
+        if not can_traverse(folder, uid):
+            st = folder.stat()
             raise PermissionError(
                 f"{folder} (mode {st.st_mode & 0o7777:o}) cannot be traversed by the sandbox uid "
                 f"{uid}; put workspaces under a directory with o+x on every ancestor"

@@ -35,6 +35,7 @@ from rewards.queue.jobs import (
     decode,
     encode,
 )
+from tests.fakes.tmp_venv import make_venv
 
 _ids = itertools.count()
 
@@ -466,22 +467,9 @@ async def test_sandboxed_worker_runs_cuda_on_its_one_gpu(config):
     assert value.device_count == 1 and value.total == float(1 << 20)
 
 
-def _venv_under_tmp(root: Path) -> Path:
-    """A virtualenv under /tmp that imports what this interpreter imports (a .pth file points at
-    this interpreter's sys.path, so nothing is installed): what a new user's venv looks like to
-    the sandbox, which mounts a tmpfs of its own over /tmp."""
-    venv = root / "venv"
-    subprocess.run([os.sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    out = subprocess.run([str(venv / "bin" / "python"), "-c", "import site; print(site.getsitepackages()[0])"],
-                         capture_output=True, text=True, check=True)
-    paths = [p for p in os.sys.path if p and os.path.isdir(p)]
-    Path(out.stdout.strip(), "parent_env.pth").write_text("\n".join(paths) + "\n")
-    return venv / "bin" / "python"
-
-
 @needs_bwrap
 async def test_sandboxed_worker_starts_from_a_virtualenv_under_tmp(config, tmp_path):
-    python = _venv_under_tmp(Path(tempfile.mkdtemp(prefix="venv-test-", dir="/tmp")))
+    python = make_venv(Path(tempfile.mkdtemp(prefix="venv-test-", dir="/tmp")))
     assert str(python).startswith("/tmp/")
     try:
         async with GpuQueue(one_lane(config, sandbox=True, python=str(python))) as queue:

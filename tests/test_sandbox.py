@@ -30,6 +30,7 @@ from agentcore.sandbox import (
 )
 from agentcore.types import Task
 from agentcore.workspace import Workspace
+from tests.fakes.tmp_venv import make_venv
 
 TASK = Task(task_id="sandbox", source="print('reference')\n")
 CONFIG = SandboxConfig(timeout_s=20, max_procs=64)
@@ -434,13 +435,9 @@ def test_the_sandbox_starts_from_a_virtualenv_under_tmp(root, mode):
     interpreter back where the sandbox's user may enter it), commands run and python3 works."""
     venv_root = Path(tempfile.mkdtemp(prefix="venv-sandbox-", dir="/tmp"))
     try:
-        venv = venv_root / "venv"
-        subprocess.run([os.sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-        site = subprocess.run([str(venv / "bin" / "python"), "-c", "import site; print(site.getsitepackages()[0])"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        Path(site, "parent_env.pth").write_text("\n".join(p for p in os.sys.path if p and os.path.isdir(p)) + "\n")
+        python = make_venv(venv_root)
         venv_root.chmod(mode)
-        out = subprocess.run([str(venv / "bin" / "python"), "-c", AGENT_IN_VENV, str(root)],
+        out = subprocess.run([str(python), "-c", AGENT_IN_VENV, str(root)],
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.strip().splitlines()[-1].split() == ["0", "started", "42"]
