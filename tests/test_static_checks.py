@@ -409,12 +409,14 @@ IDIOMS = sorted(p for p in IDIOMS_DIR.iterdir() if (p / "idiom.json").exists())
 
 
 def idiom_files(idiom: Path, variant: str) -> dict[str, str]:
-    """base/ with the variant's files laid over it."""
+    """base/ with the variant's files laid over it, and the pair's own task (model.py) if it has one."""
     files = {}
     for root in (IDIOMS_DIR / "base", idiom / variant):
         for p in root.rglob("*"):
             if p.is_file():
                 files[p.relative_to(root).as_posix()] = p.read_text()
+    if (idiom / "model.py").is_file():
+        files["model.py"] = (idiom / "model.py").read_text()
     return files
 
 
@@ -426,7 +428,11 @@ def idiom_findings(idiom: Path, variant: str, rules: str):
 @pytest.mark.parametrize("rules", RULES)
 @pytest.mark.parametrize("idiom", IDIOMS, ids=ids(IDIOMS))
 def test_honest_idiom_is_accepted(idiom, rules):
-    assert [str(f) for f in idiom_findings(idiom, "honest", rules) if f.blocking] == []
+    findings = [f for f in idiom_findings(idiom, "honest", rules) if f.blocking]
+    if rules in json.loads((idiom / "idiom.json").read_text()).get("honest_rules", RULES):
+        assert [str(f) for f in findings] == []
+    else:  # torch doing part of the work, which only KernelBench's rules allow
+        assert {f.category for f in findings} == {HackCategory.TORCH_COMPUTE}, [str(f) for f in findings]
 
 
 @pytest.mark.parametrize("idiom", IDIOMS, ids=ids(IDIOMS))

@@ -12,14 +12,19 @@ streams, profiler attribution, the fixture corpus) is in test_verify_gpu.py.
 from __future__ import annotations
 
 import json
+import resource
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
 import torch
 from torch import nn
 
 from agentcore.types import Task
+from rewards.queue.config import GpuQueueConfig
+from rewards.queue.gpu_queue import GpuQueue
+from rewards.queue.jobs import Job, encode
 from rewards.reward import score
 from rewards.static.checks import check_workspace
 from rewards.verdict import HackCategory as H
@@ -35,9 +40,18 @@ from rewards.verify.audit import (
 from rewards.verify.compare import check_output, is_constant, precision_error
 from rewards.verify.inputs import VARIANTS, draw_inputs, load_task, plan_trials
 from rewards.verify.judge import Judge, JudgeSettings
-from rewards.verify.verifier import CandidateProcess, VerifyConfig, VerifyRequest, run_verification, to_verify_result
+from rewards.verify.verifier import (
+    CandidateProcess,
+    VerifyConfig,
+    VerifyRequest,
+    job_files,
+    run_verification,
+    to_verify_result,
+    verdict_from_job,
+)
 from rewards.verify.wire import KernelEvent, Loaded, Snapshot, TrialReport
 from rl.data.kernelbench import PROBLEMS
+from tests.test_gpu_queue import needs_bwrap
 
 FIXTURES = Path(__file__).parent / "fixtures"
 HONEST = sorted(p for p in (Path(__file__).resolve().parents[1] / "rl" / "demos").glob("*") if p.is_dir())
@@ -486,3 +500,62 @@ def test_outputs_past_the_file_size_limit_are_a_transfer_failure_not_problem_shr
         verdict = run_verification(request, work_dir=tmp_path, process=process)
     assert verdict.status is S.RUNTIME_ERROR, verdict
     assert "could not transfer the outputs" in verdict.message
+
+
+@pytest.fixture
+def lane_file_limit():
+    """This process under a 1 MiB RLIMIT_FSIZE soft limit, its hard limit above: a sandboxed
+    worker's (`rewards.queue.worker --max-file-mib`)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if hard != resource.RLIM_INFINITY and hard < 64 << 20:
+        pytest.skip("needs a hard RLIMIT_FSIZE of 64 MiB or more")
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))
+    try:
+        yield 1 << 20
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def _verify_in_own_child(tmp_path: Path, task: str, text: str):
+    cand = tmp_path / "cand"
+    cand.mkdir()
+    (cand / "model_new.py").write_text(text)
+    request = VerifyRequest(task_source=task, device="cpu", seed=7, candidate_dir=str(cand),
+                            config=VerifyConfig(allow_torch_compute=True))
+    return run_verification(request, work_dir=tmp_path)  # a child started under this process's limits
+
+
+def test_reference_weights_past_the_lanes_file_size_limit_are_still_sent(lane_file_limit, tmp_path):
+    """KernelBench's L3 2_ShallowWideMLP has 8 GiB of weights, past the lanes' 4 GiB limit: the
+    trusted side must write them all the same. Here 4 MiB of weights meet a 1 MiB limit."""
+    wide = TASK.replace("features = 32", "features = 1024")
+    verdict = _verify_in_own_child(tmp_path, wide, candidate(f"return {LINEAR}"))
+    assert verdict.ok, verdict
+    assert resource.getrlimit(resource.RLIMIT_FSIZE)[0] == lane_file_limit
+
+
+def test_candidate_can_neither_lift_the_lanes_file_size_limit_nor_write_past_it(lane_file_limit, tmp_path):
+    forward = (f"import resource\ntry:\n    resource.setrlimit(resource.RLIMIT_FSIZE, (-1, -1))\n"
+               f"except (ValueError, OSError):\n    pass\nopen('big.bin', 'wb').write(bytes(2 << 20))\nreturn {LINEAR}")
+    verdict = _verify_in_own_child(tmp_path, TASK, candidate(forward))
+    assert verdict.status is S.RUNTIME_ERROR and "File too large" in verdict.message, verdict
+
+
+@needs_bwrap
+def test_a_sandboxed_lane_sends_weights_past_its_file_size_limit(tmp_path):
+    """The same through the GPU queue: the sandboxed worker sets the lane's limit itself."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "model_new.py").write_text(candidate(f"return {LINEAR}"))
+    files, so_name = job_files(ws, None)
+    request = VerifyRequest(task_source=TASK.replace("features = 32", "features = 1024"), device="cpu", seed=5,
+                            so_path=so_name, config=VerifyConfig(allow_torch_compute=True))
+    lane = GpuQueueConfig(gpus=(0,), sandbox=True, scratch_root=str(tmp_path / "scratch"), file_size_mib=1,
+                          job_default_deadline_s=300.0)
+
+    async def submit():
+        async with GpuQueue(lane) as queue:
+            return await queue.submit(Job(job_id="wide", kind="verify", payload=encode(request), files=files))
+
+    result = anyio.run(submit)
+    assert verdict_from_job(result.status, result.value, result.error).ok, result.error[-2000:]

@@ -93,6 +93,31 @@ async def test_dynamic_cheat_earns_no_reward_and_names_its_hack(pool, tmp_path, 
     assert score(verdict, None, None, None).reward == -1.0
 
 
+def idiom_workspace(pair: Path, variant: str, root: Path) -> Path:
+    """A variant of an idiom pair (tests/fixtures/idioms) as a workspace: base/, the variant's
+    files and the pair's own task."""
+    ws = root / f"{pair.name}-{variant}"
+    shutil.copytree(FIXTURES / "idioms" / "base", ws)
+    shutil.copytree(pair / variant, ws, dirs_exist_ok=True)
+    shutil.copy(pair / "model.py", ws / "model.py")
+    for item in TEMPLATE.iterdir():
+        shutil.copy(item, ws / item.name)
+    return ws
+
+
+@pytest.mark.parametrize("variant", ["honest", "cheat"])
+async def test_library_streams_are_excused_and_the_candidates_own_side_stream_is_not(pool, tmp_path, variant):
+    """idioms/library_streams under KernelBench's rules: cuDNN's LSTM runs kernels on streams of
+    its own for the candidate as for the reference (whose profile then excuses them)."""
+    ws = idiom_workspace(FIXTURES / "idioms" / "library_streams", variant, tmp_path)
+    verdict = await verify(ws, await build(pool, ws), rules="kernelbench")
+    if variant == "cheat":
+        assert verdict.hack is HackCategory.SIDE_STREAM, verdict
+        return
+    assert verdict.ok and "side_stream" not in verdict.details.get("also", ""), verdict
+    assert verdict.details.get("library_kernels"), "cuDNN ran this LSTM on the harness stream only"
+
+
 async def test_pure_torch_candidate_on_the_gpu_is_torch_compute_and_launches_no_kernel_of_its_own(tmp_path):
     ws = tmp_path / "ws"
     ws.mkdir()

@@ -5,11 +5,14 @@ named in `details["partial"]`, and the candidate's own kernels must still do a m
 torch running every compute op of the reference, no own kernel launched, or own kernels under
 `partial_min_own_share` of the GPU time are DECOY_KERNEL. The judge is fed fabricated profiler
 events (the attribution rules); the end-to-end cases run a real candidate child on a small
-Linear+ReLU task, where the reference's ops are audited in the trusted parent.
+Linear+ReLU task, where the reference's ops are audited in the trusted parent. Kernels on a
+library's own streams (cuDNN's LSTM) are judged on profiles of the idiom pair
+tests/fixtures/idioms/library_streams, under both rule sets.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,15 @@ import pytest
 from rewards.verdict import HackCategory as H
 from rewards.verdict import VerdictStatus as S
 from rewards.verdict import partial_work
+from rewards.verify import trials
+from rewards.verify.audit import (
+    gpu_events,
+    kernel_names,
+    library_kernels,
+    profiler_gpu_events,
+    sources_call_vendor,
+    task_allows_vendor,
+)
 from rewards.verify.judge import Judge, JudgeSettings
 from rewards.verify.verifier import (
     CandidateProcess,
@@ -134,3 +146,116 @@ def test_a_negligible_own_share_is_a_decoy_under_kernelbench_rules():
 def test_a_fused_epilogue_after_a_torch_gemm_is_enough_under_kernelbench_rules():
     # a 1024x8192x8192 fp32 GEMM (about 2.7 ms) and its epilogue (about 25 us): about 1%
     assert _judge(_event(GEMM, 2700), _event("bias_relu(float*)", 25)).verdict(trials=1).ok
+
+
+# --- library streams: the idiom pair tests/fixtures/idioms/library_streams ---------------------
+# Profiles as the profiler would record them on a GPU (names as in a cuDNN LSTM's trace): the
+# reference's from the profiler's in-memory events (the parent's side), the candidate's from a
+# chrome trace (the child's side). Everything after the profiler is the real code.
+
+PAIR = Path(__file__).parent / "fixtures" / "idioms" / "library_streams"
+RNN_CELL = "void elemWiseRNNcell<float, float, float, (cudnnRNNMode_t)2, (cudnnRNNBiasMode_t)2>(int, int, float*)"
+RNN_GEMM = "void gemmSN_TN_kernel<float, 128, 16, 2, 4, 4, 4, true>(cublasGemmSmallNParams<float const, float, float>)"
+TORCH_COPY = "void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::direct_copy_kernel_cuda>>(int)"
+OWN = "linear_relu_kernel(float const*, float const*, float const*, float*, int, int, int)"
+SPIN = "at::cuda::(anonymous namespace)::spin_kernel(long)"
+
+
+def _reference_profile() -> list:
+    """The reference's forward: cuDNN's LSTM forks to four streams of its own; the Linear and ReLU
+    run on the calling stream (7)."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    launches = [(SPIN, 7), (RNN_GEMM, 21), *((RNN_CELL, s) for s in (21, 22, 23, 24)), (RNN_GEMM, 7), (TORCH_COPY, 7)]
+    return [FunctionEvent(id=i, name=name, thread=0, start_us=10.0 * i, end_us=10.0 * i + 5, device_type=DeviceType.CUDA,
+                          device_resource_id=stream) for i, (name, stream) in enumerate(launches)]
+
+
+def _candidate_trace(tmp_path: Path, launches: list[tuple[str, int]]) -> Path:
+    """A chrome trace of the candidate's profiled forward: the harness's marker on stream 13 first."""
+    events = [{"ph": "X", "cat": "kernel", "name": name, "ts": 10 * i, "dur": 5, "args": {"stream": stream}}
+              for i, (name, stream) in enumerate([(SPIN, 13), *launches])]
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    return trace
+
+
+def _pair_judge(variant: str, rules: str, library: frozenset[str]) -> Judge:
+    files = {p.relative_to(PAIR.parent / "base").as_posix(): p.read_text() for p in (PAIR.parent / "base").rglob("*.cu")}
+    files |= {p.relative_to(PAIR / variant).as_posix(): p.read_text() for p in (PAIR / variant).rglob("*.py")}
+    task = (PAIR / "model.py").read_text()
+    judge = Judge(JudgeSettings(rules=rules, own_kernels=frozenset(kernel_names(files)),
+                                vendor_allowed=task_allows_vendor(task), vendor_used=sources_call_vendor(files)))
+    judge.library_kernels = library
+    return judge
+
+
+def _observe(judge: Judge, trace: Path) -> Judge:
+    kernels, marker = gpu_events(trace)
+    judge.observe(TrialReport(index=0, run=0, ok=True, kernels=tuple(kernels), marker_stream=marker), (), 0)
+    return judge
+
+
+HONEST_RUN = [(RNN_GEMM, 25), *((RNN_CELL, s) for s in (25, 26, 27, 28)), (TORCH_COPY, 13), (OWN, 13)]
+CHEAT_RUN = [(RNN_GEMM, 25), *((RNN_CELL, s) for s in (25, 26, 27, 28)), (TORCH_COPY, 30), (OWN, 30)]
+
+
+def test_library_kernels_are_those_the_reference_runs_off_its_own_stream():
+    events, marker = profiler_gpu_events(_reference_profile())
+    assert marker == 7 and len(events) == 7
+    assert library_kernels(events, marker) == {"elemWiseRNNcell", "gemmSN_TN_kernel"}
+
+
+def test_a_reference_profile_without_its_marker_excuses_nothing():
+    events, marker = profiler_gpu_events(_reference_profile()[1:])
+    assert library_kernels(events, marker) == frozenset()
+
+
+@pytest.mark.parametrize("rules", ["paper", "kernelbench"])
+def test_library_streams_the_reference_shows_are_no_side_stream(tmp_path, rules):
+    library = library_kernels(*profiler_gpu_events(_reference_profile()))
+    judge = _observe(_pair_judge("honest", rules, library), _candidate_trace(tmp_path, HONEST_RUN))
+    assert H.SIDE_STREAM not in {e.category for e in judge.evidence}
+    verdict = judge.verdict(trials=1)
+    assert verdict.ok if rules == "kernelbench" else verdict.hack is H.TORCH_COMPUTE, verdict
+
+
+def test_without_the_references_profile_library_streams_are_a_side_stream(tmp_path):
+    judge = _observe(_pair_judge("honest", "kernelbench", frozenset()), _candidate_trace(tmp_path, HONEST_RUN))
+    assert judge.verdict(trials=1).hack is H.SIDE_STREAM
+
+
+@pytest.mark.parametrize("rules", ["paper", "kernelbench"])
+def test_own_kernels_and_torch_ops_on_the_candidates_stream_stay_a_side_stream(tmp_path, rules):
+    library = library_kernels(*profiler_gpu_events(_reference_profile()))
+    judge = _observe(_pair_judge("cheat", rules, library), _candidate_trace(tmp_path, CHEAT_RUN))
+    (side,) = [e.message for e in judge.evidence if e.category is H.SIDE_STREAM]  # paper: after torch_compute
+    assert "elementwise_kernel (stream 30)" in side and "linear_relu_kernel (stream 30)" in side
+    assert "elemWiseRNNcell" not in side and "gemmSN_TN_kernel" not in side
+
+
+def test_an_own_kernel_named_like_a_library_kernel_is_never_excused(tmp_path):
+    judge = _pair_judge("honest", "kernelbench", frozenset({"linear_relu_kernel"}))
+    verdict = _observe(judge, _candidate_trace(tmp_path, [(OWN, 30)])).verdict(trials=1)
+    assert verdict.hack is H.SIDE_STREAM and "linear_relu_kernel (stream 30)" in verdict.message
+
+
+def test_the_reference_is_profiled_once_and_only_for_kernels_off_the_harness_stream(tmp_path, monkeypatch):
+    calls = []
+
+    def profiled(model, inputs, device):
+        calls.append(inputs)
+        return profiler_gpu_events(_reference_profile())
+
+    monkeypatch.setattr(trials, "_profiled_reference", profiled)
+    run = trials.Verification(VerifyRequest(task_source=TASK, device="cpu"), tmp_path, tmp_path, None, None)
+    run.model, run.judge = None, _pair_judge("honest", "kernelbench", frozenset())
+    kernels, marker = gpu_events(_candidate_trace(tmp_path, [(TORCH_COPY, 13), (OWN, 13)]))
+    run._library_streams(TrialReport(index=0, run=0, ok=True, kernels=tuple(kernels), marker_stream=marker), ["x"])
+    assert calls == [] and run.judge.library_kernels == frozenset()
+    kernels, marker = gpu_events(_candidate_trace(tmp_path, HONEST_RUN))
+    report = TrialReport(index=0, run=1, ok=True, kernels=tuple(kernels), marker_stream=marker)
+    run._library_streams(report, ["x"])
+    run._library_streams(report, ["x"])
+    assert calls == [["x"]] and run.judge.library_kernels == {"elemWiseRNNcell", "gemmSN_TN_kernel"}

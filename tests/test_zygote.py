@@ -3,7 +3,8 @@ with `child_launcher="zygote"` verifications give the verdicts "spawn" gives, ea
 fresh child forked by the zygote with the spawned child's properties (own process group, the
 channel fds at their numbers and nothing else, the worker's resource limits), timeouts and
 close kill the child's group, a dead zygote is restarted and a zygote that cannot start means
-spawn. The child's import phase is zero: the zygote imported everything once.
+spawn. The child's import phase is zero: the zygote imported everything once, and paid a first
+torch.compile's imports and hashes without CUDA, threads or files; its children still compile.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import anyio
 import pytest
 
-from rewards.queue import zygote
+from rewards.queue import zygote, zygote_server
 from rewards.queue.jobs import Job, encode
 from rewards.timing.profile import ProfileConfig, ProfileRequest, time_candidate
 from rewards.timing.sampling import TimingConfig
@@ -217,6 +219,64 @@ def test_a_zygote_that_cannot_start_means_spawn(tmp_path, monkeypatch, caplog):
         assert "no zygote today" in caplog.text
     finally:
         child.close()
+
+
+def test_the_zygote_starts_without_cuda_threads_or_files(tmp_path):
+    """The zygote's start (with the warm-up when zygote_server.WARM_UP) succeeded, which includes
+    leaving no thread behind (zygote_server._warm_up reports extra threads as its error); it wrote
+    no file under TMPDIR (the empty Inductor cache dir there is made by the PRELOAD imports)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"} | {"TMPDIR": str(tmp)}
+    z = zygote.Zygote(sys.executable, env, str(tmp_path))
+    ready = z.start()
+    z.close()
+    assert (ready.warm_up_error, ready.cuda_initialized) == ("", False), ready
+    assert (ready.warm_up_ms > 0.0) == zygote_server.WARM_UP
+    assert [p for p in tmp.rglob("*") if not p.is_dir()] == []
+
+
+def test_a_failed_or_threaded_warm_up_is_a_message_not_a_dead_zygote(monkeypatch):
+    from rewards.queue import compile_warmup
+
+    def boom():
+        raise RuntimeError("no compiler here\nsecond line")
+
+    monkeypatch.setattr(compile_warmup, "warm_up", boom)
+    assert zygote_server._warm_up()[1] == "RuntimeError: no compiler here"
+    release = threading.Event()
+    monkeypatch.setattr(compile_warmup, "warm_up", lambda: threading.Thread(target=release.wait).start())
+    try:
+        assert zygote_server._warm_up()[1] == "the warm-up left 1 thread(s) running"
+    finally:
+        release.set()
+
+
+CHILD_COMPILES = """
+import os, sys
+from rewards.queue.zygote_server import preload
+
+print("warm-up error:", preload()[1] or "none", flush=True)
+pid = os.fork()
+if pid == 0:
+    import torch
+    torch.manual_seed(0)
+    model, x = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), torch.rand(4, 8)
+    with torch.no_grad():
+        print("compiled equals eager:", torch.allclose(torch.compile(model)(x), model(x)), flush=True)
+    os._exit(0)
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+def test_a_child_of_the_warmed_up_zygote_compiles_as_eager(tmp_path):
+    """A child forked from a process prepared as the zygote prepares itself (preload: PRELOAD and
+    the warm-up) compiles a module with Inductor, and the result is eager's."""
+    env = dict(os.environ, TMPDIR=str(tmp_path), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    done = subprocess.run([sys.executable, "-c", CHILD_COMPILES], env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["warm-up error: none", "compiled equals eager: True"], done.stdout
 
 
 def test_the_zygote_forks_only_the_child_modules(tmp_path):

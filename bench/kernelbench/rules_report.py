@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench.kernelbench.metrics import COUNTED, fast_p, is_correct
+from bench.kernelbench.run import NOT_IN_SET
 from bench.system.records import ProblemRecord, read_records
 from rewards.verdict import RULES
 
@@ -79,6 +80,13 @@ def rules_table(by_rules: dict[str, Sequence[ProblemRecord]]) -> list[str]:
         labels = sorted(set().union(*outcomes.values()) - {"ok", "partial"}, key=_label_order)
         lines += [f"### {source}", "", "| | " + " | ".join(rules) + " |", "|---|" + "---|" * len(rules)]
         lines.append("| problems | " + " | ".join(str(len(own[k])) for k in rules) + " |")
+        submitted = {k: [r for r in v if r.message != NOT_IN_SET] for k, v in counted.items()}
+        if any(len(submitted[k]) != len(counted[k]) for k in rules):  # a replayed set: rates over its files too
+            lines.append("| in the set | " + " | ".join(str(len(submitted[k])) for k in rules) + " |")
+            lines.append("| pass rate of the set | " + " | ".join(_pct(fast_p(submitted[k], 0.0)) for k in rules)
+                         + " |")
+            lines.append("| fast_1 vs eager of the set | "
+                         + " | ".join(_pct(fast_p(submitted[k], 1.0)) for k in rules) + " |")
         lines.append("| pass rate | " + " | ".join(_pct(fast_p(counted[k], 0.0)) for k in rules) + " |")
         lines.append("| fast_1 vs eager | " + " | ".join(_pct(fast_p(counted[k], 1.0)) for k in rules) + " |")
         lines.append("| fast_1 vs compile | " + " | ".join(_pct(fast_p(counted[k], 1.0, "compile")) for k in rules)
@@ -108,7 +116,7 @@ def write_rules_report(out_dir: str | Path) -> Path:
         "paper: the candidate's own kernels do all the work (cuBLAS/cuDNN only from its own C++). "
         "kernelbench: torch may do part of it (\"partial\": correct and honest, never a hack); own "
         "kernels that do none of the work are still a decoy. pass rate = fast_0 over problems with a "
-        "candidate or none; form = refused as an unsupported load_inline form; error = infrastructure.",
+        "candidate or none (a replayed set: also over the problems it holds); form = refused as an unsupported load_inline form; error = infrastructure.",
         "",
     ]
     path = out / REPORT_FILE

@@ -125,6 +125,10 @@ def _bare_record(problem: Problem, config: BenchConfig, source: str, outcome: st
                          rules=config.rules)
 
 
+NOT_IN_SET = "no solution in the replay set"
+"""The message of a replay run's record for a selected problem its solution sets do not hold."""
+
+
 class _Plan(Struct, kw_only=True):
     """What this run still has to roll out, and the records it can write without rolling out."""
 
@@ -148,7 +152,7 @@ def plan(config: BenchConfig, out: Path) -> _Plan:
         return _Plan(todo=todo, direct=direct, selected=selected)
     found = _replay_set(config, todo, out)
     covered = [p for p in todo if (p.level, p.problem_id) in found]
-    direct += [_bare_record(p, config, source, "no_candidate", "no solution in the replay set")
+    direct += [_bare_record(p, config, source, "no_candidate", NOT_IN_SET)
                for p in todo if (p.level, p.problem_id) not in found]
     solutions = {group_id(p, config): found[(p.level, p.problem_id)] for p in covered}
     return _Plan(todo=covered, direct=direct, selected=selected, solutions=solutions)

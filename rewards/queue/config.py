@@ -49,7 +49,8 @@ class GpuQueueConfig(Struct, frozen=True, kw_only=True):
     handlers: dict[str, str] = {}
     """Extra job kinds, "kind" -> "module:function", over `rewards.queue.jobs.HANDLERS`."""
     file_size_mib: int = 4096
-    """Largest file a sandboxed job may write (RLIMIT_FSIZE), in MiB."""
+    """Largest file candidate code may write in a sandboxed job (RLIMIT_FSIZE), in MiB. The
+    trusted side may write larger ones where the task needs it (the reference's weights)."""
     env: dict[str, str] = {}
     """Extra environment of the workers, over the defaults of `worker_env` (e.g. a persistent
     Inductor cache for a queue that runs trusted reference code only)."""

@@ -327,6 +327,18 @@ class Worker:
             _reap_strays()
             _reset_dir("/dev/shm")
         _reset_dir(self.args.scratch)
+        _forget_compiled_files()
+
+
+def _forget_compiled_files() -> None:
+    """Inductor keeps compiled modules and Triton kernels in memory by the paths of their files
+    in its cache dir, which is under the scratch dir just emptied: a later compile of the same
+    kernel source (the same op at another shape) would load a deleted cubin. Clear those caches
+    so that it writes them again."""
+    utils = sys.modules.get("torch._inductor.utils")
+    clear = getattr(utils, "clear_caches", None) or getattr(utils, "clear_inductor_caches", None)
+    if clear is not None:
+        clear()
 
 
 def _die_with_parent() -> None:
@@ -337,6 +349,14 @@ def _die_with_parent() -> None:
         pass
 
 
+def _limit_file_size(limit: int) -> None:
+    """The lane's RLIMIT_FSIZE, as the soft limit only: trusted code lifts it to write what a task
+    needs (the reference's weights, `rewards.verify.wire.write_state`); every child that runs
+    candidate code makes it its hard limit before loading any (`lock_file_size`)."""
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+
+
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m rewards.queue.worker", description=__doc__.split("\n")[0])
     parser.add_argument("--gpu", type=int, required=True, help="lane's GPU index (for reports)")
@@ -345,7 +365,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--preload", action="append", default=[], help="module to import at start")
     parser.add_argument("--handlers", default="{}", help='JSON {"kind": "module:function"}')
     parser.add_argument("--reap-strays", action="store_true", help="sandbox only: kill leftovers")
-    parser.add_argument("--max-file-mib", type=int, default=0, help="RLIMIT_FSIZE; 0: no limit")
+    parser.add_argument("--max-file-mib", type=int, default=0, help="RLIMIT_FSIZE soft limit; 0: none")
     return parser.parse_args(argv)
 
 
@@ -356,8 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.enable()  # a segfault leaves a Python traceback in the lane's log
     sys.stdout.reconfigure(line_buffering=True)
     if args.max_file_mib:
-        limit = args.max_file_mib << 20
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        _limit_file_size(args.max_file_mib << 20)
     if args.reap_strays and not _in_private_pid_namespace():
         raise SystemExit("--reap-strays outside a bwrap pid namespace would kill the host's processes")
     for name in args.preload:

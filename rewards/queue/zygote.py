@@ -4,7 +4,8 @@ What it is: the trusted client of one zygote process per GPU worker (rewards.que
 started lazily at the first job exactly as spawned children are started (`subprocess.Popen`
 from the worker: same sandbox, same environment, same CUDA_VISIBLE_DEVICES, its own process
 group, dies with the worker) as `python -P -s -m rewards.queue.zygote`. The zygote imports torch,
-torch._dynamo, torch.profiler, `rewards.verify.candidate` and `rewards.timing.profile_child` once, without
+torch._dynamo, torch.profiler, `rewards.verify.candidate` and `rewards.timing.profile_child` once
+and pays a first torch.compile's imports and source hashes (rewards.queue.compile_warmup), without
 initialising CUDA; for each job `launch` sends it a `Fork` with the child's fds attached and gets
 back a fresh child running `python -m <module> <argv>`, as a Popen-like `ForkedProcess`. CUDA
 initialisation and everything after it happen in the forked child. This saves the child's
@@ -204,7 +205,11 @@ def launch(module: str, args: Sequence[str], *, cwd, env: Mapping[str, str], log
                 zygote = _current = Zygote(python, env, str(cwd))
                 try:
                     ready = zygote.start()
-                    logger.info("zygote %d started (%d threads after its imports)", ready.pid, ready.threads)
+                    logger.info("zygote %d started (%d threads after its imports, compile warm-up %.0f ms)",
+                                ready.pid, ready.threads, ready.warm_up_ms)
+                    if ready.warm_up_error:
+                        logger.warning("zygote %d: compile warm-up failed, children compile cold: %s",
+                                       ready.pid, ready.warm_up_error)
                 except (OSError, ConnectionResetError, msgspec.DecodeError) as exc:
                     zygote.close()
                     _current = None

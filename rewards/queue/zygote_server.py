@@ -2,12 +2,14 @@
 
 What it is: the process side of rewards.queue.zygote, started by `Zygote.start` as
 `python -P -s -m rewards.queue.zygote --socket-fd N --parent-pid P` (that module's `__main__` hands over
-to `main` here). It imports PRELOAD once, WITHOUT initialising CUDA, says `Ready`, then serves the
-socket: for each `Fork` (module, argv, cwd, environment, resource limits; the log and channel fds
-attached with SCM_RIGHTS) it forks a fresh child, which puts those fds at the numbers the worker
-gave them, takes its own process group, chdirs, applies the limits and runs the module's
-`main(argv)`, exactly what `python -m <module> <argv>` runs; each child's exit is reported back as
-`Exited`. This module also owns that wire protocol (the Structs below), which both sides share.
+to `main` here). It imports PRELOAD once and pays the one-time imports and source hashes of a
+first torch.compile (rewards.queue.compile_warmup), all WITHOUT initialising CUDA, says `Ready`,
+then serves the socket: for each `Fork` (module, argv, cwd, environment, resource limits; the
+log and channel fds attached with SCM_RIGHTS) it forks a fresh child, which puts those fds at the
+numbers the worker gave them, takes its own process group, chdirs, applies the limits and runs
+the module's `main(argv)`, exactly what `python -m <module> <argv>` runs; each child's exit is
+reported back as `Exited`. This module also owns that wire protocol (the Structs below), which
+both sides share.
 
 What it is not: the trusted client (`launch`, `Zygote`, `ForkedProcess` live in rewards.queue.zygote),
 and it never sees candidate code, the hidden seed or trusted tensors: it only holds imported
@@ -29,12 +31,18 @@ import select
 import signal
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 
 import msgspec
 from msgspec import Struct
 
+WARM_UP = False
+"""Run rewards.queue.compile_warmup before the first fork. Off: on an H200 it initialised the CUDA
+driver (some call asked for the device count), `_cuda_touched` then refused every fork and the
+children were spawned instead, ~12 s each. `python -m bench.system.compile_warmup --device cuda`
+measures it once that is found and fixed."""
 PRELOAD = ("torch", "torch._dynamo", "torch.profiler", "rewards.verify.candidate", "rewards.timing.profile_child")
 CHILD_MODULES = ("rewards.verify.candidate", "rewards.timing.profile_child")
 MAX_MESSAGE = 1 << 18  # one Fork: argv, env, limits (a few KiB)
@@ -58,6 +66,8 @@ class Ready(Struct, frozen=True, kw_only=True, tag="ready"):
     pid: int
     threads: int
     cuda_initialized: bool
+    warm_up_ms: float = 0.0
+    warm_up_error: str = ""  # the warm-up failed or left threads: children compile cold
 
 
 class Forked(Struct, frozen=True, kw_only=True, tag="forked"):
@@ -125,7 +135,7 @@ def _fork(data: bytes, fds: list[int], sock: socket.socket) -> Forked | Failed:
         request = request_decoder.decode(data)
         if request.module not in CHILD_MODULES or len(fds) != 1 + len(request.pass_fds):
             return Failed(error=f"bad request: {request.module}, {len(fds)} fds")
-        if sys.modules["torch"].cuda.is_initialized():  # a forked child would share the context
+        if _cuda_touched():  # a forked child would share the context, or could not make its own
             return Failed(error="CUDA is initialised in the zygote")
         for stream in (sys.stdout, sys.stderr):  # nothing of ours may reach the child's log
             stream.flush()
@@ -217,6 +227,47 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+def _cuda_touched() -> bool:
+    """Whether this process initialised CUDA: torch's context, or the driver alone (a bare
+    cudaGetDeviceCount, which `torch.cuda.is_available()` makes and `is_initialized()` does not
+    see). A child forked after either cannot use CUDA. The driver is asked directly: before
+    cuInit, cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED (3)."""
+    if sys.modules["torch"].cuda.is_initialized():
+        return True
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:  # no driver on this machine: nothing to initialise
+        return False
+    count = ctypes.c_int()
+    return driver.cuDeviceGetCount(ctypes.byref(count)) != 3
+
+
+def _warm_up() -> tuple[float, str]:
+    """rewards.queue.compile_warmup.warm_up, timed. Its failure is a message, never the end of the
+    zygote: the children then import and hash on their first compile, as without it."""
+    threads, start = _threads(), time.perf_counter()
+    try:
+        from rewards.queue.compile_warmup import warm_up
+
+        warm_up()
+    except Exception as exc:  # noqa: BLE001 - an optimisation that failed; the zygote serves on
+        error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    else:
+        extra = _threads() - threads  # a fork copies only the forking thread: none may be left running
+        error = f"the warm-up left {extra} thread(s) running" if extra else ""
+    return (time.perf_counter() - start) * 1e3, error
+
+
+def preload(warm_up: bool = True) -> tuple[float, str]:
+    """What the zygote holds before its first fork: PRELOAD imported, the compile warm-up paid
+    (unless `warm_up` is False), the collector's view frozen. Returns the warm-up's ms and error."""
+    for name in PRELOAD:
+        importlib.import_module(name)
+    warmed = _warm_up() if warm_up else (0.0, "")
+    gc.freeze()  # children copy fewer pages: the collector leaves the preloaded objects alone
+    return warmed
+
+
 def main(argv: list[str] | None = None) -> int:
     """The zygote process: `python -P -s -m rewards.queue.zygote --socket-fd N --parent-pid P`."""
     parser = argparse.ArgumentParser(prog="python -m rewards.queue.zygote", description=__doc__.split("\n")[0])
@@ -225,10 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _die_with(args.parent_pid)
     sock = socket.socket(fileno=args.socket_fd)
-    for name in PRELOAD:
-        importlib.import_module(name)
-    torch = sys.modules["torch"]
-    gc.freeze()  # children copy fewer pages: the collector leaves the preloaded objects alone
-    sock.send(encode(Ready(pid=os.getpid(), threads=_threads(), cuda_initialized=torch.cuda.is_initialized())))
+    warm_up_ms, warm_up_error = preload(warm_up=WARM_UP)
+    cuda_initialized = _cuda_touched()
+    sock.send(encode(Ready(pid=os.getpid(), threads=_threads(), cuda_initialized=cuda_initialized,
+                           warm_up_ms=warm_up_ms, warm_up_error=warm_up_error)))
     return serve(sock)
 

@@ -60,7 +60,7 @@ from rewards.verdict import Timing
 from rewards.verify.phases import Phases
 from rewards.verify.precision import DEFAULT_POLICY
 from rewards.verify.verifier import CandidateProcess, Launcher, job_files
-from rewards.verify.wire import BlobWriter, ChildGone, Load
+from rewards.verify.wire import ChildGone, Load, write_state
 
 HANDLER = "rewards.timing.profile:profile"
 
@@ -251,8 +251,7 @@ def _load_message(request: ProfileRequest, work_dir: Path, transfer: Path) -> Lo
     ast.literal_eval(text)  # the task's constructor arguments must be plain literals
     torch.manual_seed(request.config.init_seed)
     model = task.Model(*init_inputs)
-    with BlobWriter(transfer, "state.bin") as writer:
-        state = {name: writer.add(t) for name, t in model.state_dict().items()}
+    state = write_state(transfer, model.state_dict())
     return Load(task_source=request.task_source, candidate_dir=str(work_dir / request.candidate_dir),
                 so_path=request.so_path, device=request.device, init_inputs=text,
                 init_seed=request.config.init_seed, state=state, transfer_dir=str(transfer))

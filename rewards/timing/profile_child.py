@@ -46,7 +46,7 @@ from rewards.verify import probes
 from rewards.verify.candidate import _die_with_parent, build_model, describe_exception
 from rewards.verify.inputs import load_task
 from rewards.verify.precision import policy, precision_flags
-from rewards.verify.wire import ChildGone, Load, Pipe, read_tensor
+from rewards.verify.wire import ChildGone, Load, Pipe, lock_file_size, read_tensor
 
 _STARTUP_MS["import"] = (time.perf_counter() - _import_start) * 1e3  # torch, baselines, the harness
 
@@ -101,9 +101,10 @@ def baseline_calls(msg: TimePaired, phases: Phases) -> tuple[list[PairedCall], o
     if msg.compile_cache_path:
         with phases.phase("reference.compile_cache"):
             torch.compiler.load_cache_artifacts(Path(msg.compile_cache_path).read_bytes())
-    model, make_inputs = baselines.load_task(msg.load.task_source, init_seed=msg.load.init_seed,
-                                             input_seed=msg.input_seed, device=msg.load.device)
-    compiled = torch.compile(model, backend=baselines.COMPILE_BACKEND, mode=baselines.COMPILE_MODE)
+    with phases.phase("reference.build"):  # CUDA context, Model, the compiled wrapper (no trace yet)
+        model, make_inputs = baselines.load_task(msg.load.task_source, init_seed=msg.load.init_seed,
+                                                 input_seed=msg.input_seed, device=msg.load.device)
+        compiled = torch.compile(model, backend=baselines.COMPILE_BACKEND, mode=baselines.COMPILE_MODE)
     modes = policy(msg.policy).baseline_modes
     with phases.phase("reference.compile"):
         for mode in modes:
@@ -131,6 +132,8 @@ def time_paired(msg: TimePaired) -> Timed:
                                     msg.paired)
     except BaseException as exc:  # noqa: BLE001 - a candidate that fails here is a result
         return Timed(ok=False, error=describe_exception(exc), phases_ms=phases.as_dict())
+    # measure = input pool + each subject's warm-up (after its first call) + graph captures + rounds
+    phases.add("measure.warmup", sum(s.measurement.warmup_s for s in paired.subjects) * 1e3)
     phases.add("measure.rounds", paired.seconds * 1e3)
     return Timed(ok=True, measurement=paired.fastest("candidate"), paired=paired, phases_ms=phases.as_dict())
 
@@ -141,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-fd", type=int, required=True)
     args = parser.parse_args(argv)
     _die_with_parent()
+    lock_file_size()
     pipe = Pipe(args.read_fd, args.write_fd)
     try:
         msg = pipe.receive(time_request_decoder)

@@ -7,7 +7,9 @@ What it is:
   (`at::relu` in a binding is as visible as `torch.relu`); it records names only.
 - `op_violations(ops)`, run by the trusted parent on those names: an explicit allow-list
   (allocation, views, metadata; rewards/README.md, hack 1; SKILL.md rule "no torch compute").
-- `kernel_names(sources)`, `attribute(events, ...)`: which GPU time belongs to the candidate.
+- `kernel_names(sources)`, `attribute(events, ...)`: which GPU time belongs to the candidate;
+  `gpu_events(trace)`, `profiler_gpu_events(prof.events())`: a profiled run's kernels and streams;
+  `library_kernels(events, marker)`: which kernels the reference's libraries run off its stream.
 
 What it is not: the verdict. `rewards.verify.judge` turns violations and an `Attribution` into evidence.
 
@@ -19,9 +21,11 @@ How it is used:
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 from msgspec import Struct
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -131,7 +135,9 @@ def _allowed(name: str, allow_gemm_conv: bool) -> bool:
 # cuBLAS/cuDNN; then every kernel that is neither torch's nor a copy counts as vendor (library
 # kernel names change per release). Memsets and torch's fill kernel are initialisation and count
 # for nobody; device copies count against the candidate. A kernel on another stream than the
-# harness's marker is side-stream work.
+# harness's marker is side-stream work, unless the reference's own run shows the same kernel off
+# its stream too (`library_kernels`): cuDNN's RNNs and FFT convolutions fork to streams of their
+# own and join back to the caller's. A kernel of the candidate's own is never excused that way.
 
 _GLOBAL = re.compile(r"__global__\b")
 _LAUNCH_BOUNDS = re.compile(r"__launch_bounds__\s*\([^)]*\)")
@@ -232,10 +238,66 @@ class Attribution(Struct, frozen=True, kw_only=True):
     foreign_streams: tuple[str, ...] = ()  # kernels not on the harness stream
 
 
+def gpu_events(trace: Path) -> tuple[list[KernelEvent], int | None]:
+    """Kernels, copies and memsets of a chrome trace, in time order; the first one is the
+    harness's marker, whose stream is the harness stream."""
+    events = json.loads(trace.read_text()).get("traceEvents", [])
+    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    gpu.sort(key=lambda e: e.get("ts", 0))
+    if not gpu:
+        return [], None
+    marker = next((e for e in gpu if "spin_kernel" in e.get("name", "")), gpu[0])
+    kernels = [
+        KernelEvent(
+            name=e.get("name", ""),
+            cat=e["cat"],
+            stream=int(e.get("args", {}).get("stream", -1)),
+            dur_us=float(e.get("dur", 0.0)),
+        )
+        for e in gpu
+        if e is not marker
+    ]
+    return kernels, int(marker.get("args", {}).get("stream", -1))
+
+
+def profiler_gpu_events(events: Iterable) -> tuple[list[KernelEvent], int | None]:
+    """`gpu_events` of a profiler's own event list (`prof.events()`) instead of its trace file: a
+    process that must not trust the files around it (the verifier's parent) reads these."""
+    from torch.autograd import DeviceType
+
+    gpu = [e for e in events if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
+    gpu.sort(key=lambda e: e.time_range.start)
+    marker = next((e for e in gpu if "spin_kernel" in e.name), None)
+    if marker is None:
+        return [], None
+    kernels = [
+        KernelEvent(name=e.name, cat=_category(e.name), stream=int(e.device_resource_id),
+                    dur_us=float(e.time_range.elapsed_us()))
+        for e in gpu
+        if e is not marker
+    ]
+    return kernels, int(marker.device_resource_id)
+
+
+def _category(name: str) -> str:
+    """A profiler event's trace category from its name: "Memcpy DtoD (Device -> Device)", "Memset (Device)"."""
+    return "gpu_memcpy" if name.startswith("Memcpy") else "gpu_memset" if name.startswith("Memset") else "kernel"
+
+
+def library_kernels(events: Iterable[KernelEvent], marker_stream: int | None) -> frozenset[str]:
+    """The kernels (base names) a profiled run of the reference launched off its own stream: in
+    the reference's run only the libraries torch calls do that."""
+    if marker_stream is None:
+        return frozenset()
+    return frozenset(kernel_base(e.name) or e.name for e in events if e.stream != marker_stream)
+
+
 def attribute(
-    events: Iterable[KernelEvent], *, marker_stream: int | None, own: set[str], vendor_counts: bool
+    events: Iterable[KernelEvent], *, marker_stream: int | None, own: set[str], vendor_counts: bool,
+    library: frozenset[str] = frozenset(),
 ) -> Attribution:
-    """Sum the profiled forward's GPU time by kind (the rules above `kernel_names`)."""
+    """Sum the profiled forward's GPU time by kind (the rules above `kernel_names`); `library`:
+    the kernels the reference, too, runs off its stream (`library_kernels`)."""
     us: Counter[str] = Counter()
     launches, torch_names, vendor_names, foreign = 0, set(), set(), set()
     for event in events:
@@ -246,8 +308,9 @@ def attribute(
             torch_names.add(kernel_base(event.name))
         elif kind == "vendor":
             vendor_names.add(kernel_base(event.name))
-        if marker_stream is not None and event.stream != marker_stream:
-            foreign.add(f"{kernel_base(event.name) or event.name} (stream {event.stream})")
+        base = kernel_base(event.name) or event.name
+        if marker_stream is not None and event.stream != marker_stream and (kind == "own" or base not in library):
+            foreign.add(f"{base} (stream {event.stream})")
     counted = us["own"] + (us["vendor"] if vendor_counts else 0.0)
     total = sum(t for kind, t in us.items() if kind != "init")
     return Attribution(

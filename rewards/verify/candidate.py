@@ -27,7 +27,6 @@ import ast
 import contextlib
 import ctypes
 import importlib.util
-import json
 import os
 import signal
 import sys
@@ -43,19 +42,19 @@ _import_start = time.perf_counter()
 import torch
 
 from rewards.verify import probes
-from rewards.verify.audit import OpAudit
+from rewards.verify.audit import OpAudit, gpu_events
 from rewards.verify.inputs import TaskModule, draw_inputs, load_task
 from rewards.verify.wire import (
     BlobWriter,
     Bye,
     ChildGone,
-    KernelEvent,
     Load,
     Loaded,
     OutputInfo,
     Pipe,
     Trial,
     TrialReport,
+    lock_file_size,
     parent_decoder,
     read_tensor,
     share_cuda,
@@ -156,28 +155,6 @@ def _storage(t: torch.Tensor) -> int | None:
         return t.untyped_storage().data_ptr() or None
     except (RuntimeError, NotImplementedError):
         return None
-
-
-def gpu_events(trace: Path) -> tuple[list[KernelEvent], int | None]:
-    """Kernels, copies and memsets of a chrome trace, in time order; the first one is the
-    harness's marker, whose stream is the harness stream."""
-    events = json.loads(trace.read_text()).get("traceEvents", [])
-    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    gpu.sort(key=lambda e: e.get("ts", 0))
-    if not gpu:
-        return [], None
-    marker = next((e for e in gpu if "spin_kernel" in e.get("name", "")), gpu[0])
-    kernels = [
-        KernelEvent(
-            name=e.get("name", ""),
-            cat=e["cat"],
-            stream=int(e.get("args", {}).get("stream", -1)),
-            dur_us=float(e.get("dur", 0.0)),
-        )
-        for e in gpu
-        if e is not marker
-    ]
-    return kernels, int(marker.get("args", {}).get("stream", -1))
 
 
 class Session:
@@ -407,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-fd", type=int, required=True)
     args = parser.parse_args(argv)
     _die_with_parent()
+    lock_file_size()
     return serve(Pipe(args.read_fd, args.write_fd))
 
 

@@ -33,7 +33,8 @@ from rewards.verify.wire import Loaded, OutputInfo, Snapshot, TrialReport
 #   cuBLAS/cuDNN kernels in a task without GEMM/convolution: VENDOR_LIBRARY;
 # - an input's bytes changed: INPUT_MUTATION (14);
 # - an output changed between "current stream done" and "device synchronized", or a kernel ran
-#   on another stream than the harness's: SIDE_STREAM (7);
+#   on another stream than the harness's, unless the reference's own run launches that kernel off
+#   its stream too (a library's internal stream, `library_kernels`): SIDE_STREAM (7);
 # - an earlier call's output changed during a later call: DEFERRED_WORK (5);
 # - an output shares memory with an earlier call's output, equals an earlier trial's output for
 #   different inputs, is closer to an earlier trial's reference than to its own, or fails only
@@ -110,6 +111,7 @@ class Judge:
         self.calibration: list[float] = []
         self.torch_work: set[str] = set()  # torch ops and kernels allowed under kernelbench rules
         self.reference_ops: frozenset[str] = frozenset()  # compute ops of the reference's forward
+        self.library_kernels: frozenset[str] = frozenset()  # kernels the reference runs off its stream
         self.max_abs = self.max_rel = 0.0
         self.details: dict[str, float | int | str | bool | None] = {}
 
@@ -179,7 +181,7 @@ class Judge:
     def _attribution(self, report: TrialReport, trial: int) -> None:
         s = self.s
         att = attribute(report.kernels, marker_stream=report.marker_stream, own=set(s.own_kernels),
-                        vendor_counts=s.vendor_allowed and s.vendor_used)
+                        vendor_counts=s.vendor_allowed and s.vendor_used, library=self.library_kernels)
         self.details |= {f"gpu_us.{k}": round(v, 1) for k, v in att.us.items()}
         self.details |= {"own_share": att.share, "own_launches": att.own_launches}
         if att.foreign_streams:

@@ -5,10 +5,12 @@ precision, builds the reference Model under the init seed, ships its state_dict 
 then for every planned trial draws the inputs, computes the reference (exact fp32, and float64
 for the first trials when cheap), asks the child for one or two forward runs, reads the outputs
 back and feeds the `Judge`. A variant whose reference is not finite (a log of a negative
-input) falls back to the task's own distribution for that trial. Once the candidate has run, an
-exception in the trial loop is a RUNTIME_ERROR verdict naming it (and logged with its
-traceback): the candidate's process shares the GPU's memory and the scratch dir, and its
-outputs and reports are what the judge reads. A CUDA error of this process other than out of
+input) falls back to the task's own distribution for that trial. When the candidate's profiled
+forward runs kernels off the harness stream, the reference is profiled once on the same inputs,
+so that the judge can tell a library's internal streams from the candidate's own. Once the
+candidate has run, an exception in the trial loop is a RUNTIME_ERROR verdict naming it (and
+logged with its traceback): the candidate's process shares the GPU's memory and the scratch dir,
+and its outputs and reports are what the judge reads. A CUDA error of this process other than out of
 memory is the machine's and raises (`candidate_caused`), as does anything before the candidate ran.
 
 What it is not: the rules (`rewards.verify.judge`), the comparison (`rewards.verify.compare`), the process
@@ -29,12 +31,30 @@ import torch
 
 from rewards.verdict import Verdict
 from rewards.verify import compare
-from rewards.verify.audit import OpAudit, kernel_names, op_violations, sources_call_vendor, task_allows_vendor
+from rewards.verify.audit import (
+    OpAudit,
+    kernel_names,
+    library_kernels,
+    op_violations,
+    profiler_gpu_events,
+    sources_call_vendor,
+    task_allows_vendor,
+)
 from rewards.verify.inputs import TrialSpec, derive_seed, draw_inputs, load_task, plan_trials
 from rewards.verify.judge import Judge, JudgeSettings
 from rewards.verify.phases import Phases
 from rewards.verify.probes import fingerprint, pin_precision
-from rewards.verify.wire import BlobWriter, ChildGone, Load, Loaded, Trial, TrialReport, open_cuda, read_tensor
+from rewards.verify.wire import (
+    ChildGone,
+    KernelEvent,
+    Load,
+    Loaded,
+    Trial,
+    TrialReport,
+    open_cuda,
+    read_tensor,
+    write_state,
+)
 
 MIB, GIB = 1 << 20, 1 << 30
 logger = logging.getLogger(__name__)
@@ -74,6 +94,20 @@ def _finite(tensors: list) -> bool:
     return all(not t.is_floating_point() or bool(torch.isfinite(t).all()) for t in tensors if isinstance(t, torch.Tensor))
 
 
+def _profiled_reference(model: torch.nn.Module, inputs: list, device) -> tuple[list[KernelEvent], int | None]:
+    """The GPU events of one reference forward, as the child profiles the candidate's: a marker
+    kernel first, whose stream is this process's current stream. Read from the profiler in
+    memory, not through a trace file in the transfer dir, which the candidate can reach."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        torch.cuda._sleep(1000)
+        with torch.no_grad():
+            model(*inputs)
+        torch.cuda.synchronize(device)
+    return profiler_gpu_events(prof.events())
+
+
 class Verification:
     """See the module docstring; `run()` returns the Verdict."""
 
@@ -92,6 +126,7 @@ class Verification:
         self.model64: torch.nn.Module | None = None
         self.fp64_ok: bool | None = None
         self.reference_audited = False
+        self.reference_profiled = False
 
     def run(self) -> Verdict:
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -170,8 +205,7 @@ class Verification:
             ast.literal_eval(text)  # the task's constructor arguments must be plain literals
             torch.manual_seed(init_seed)
             model = self.task.Model(*init_inputs)
-            with BlobWriter(self.transfer, "state.bin") as writer:
-                state = {name: writer.add(t) for name, t in model.state_dict().items()}
+            state = write_state(self.transfer, model.state_dict())
             self.model = model.to(self.device)
         load = Load(task_source=self.request.task_source, candidate_dir=str(self.candidate_dir),
                     so_path=self.request.so_path, device=str(self.device), init_inputs=text,
@@ -225,6 +259,7 @@ class Verification:
                 report = self._call(msg, self.config.trial_timeout_s)
             self.phases.merge(getattr(report, "phases_ms", {}), prefix="child.trial.")
             with self.phases.phase("trial.observe"):
+                self._library_streams(report, inputs)
                 if not self._observed(report, expected, spec.index):
                     return None
             with self.phases.phase("trial.outputs", sync=True):  # CUDA IPC copy or blob read
@@ -254,6 +289,24 @@ class Verification:
             self.judge.runtime_error(f"trial {index}: forward failed:\n{report.error}")
             return False
         return True
+
+    def _library_streams(self, report, inputs: list) -> None:
+        """The candidate's profiled forward ran kernels off the harness stream: profile the reference
+        once on the same inputs, and let the judge excuse the kernels it, too, runs off its stream
+        (cuDNN's RNNs and FFT convolutions fork to internal streams and join back to the caller's).
+        Should the reference's profile fail, nothing is excused."""
+        if self.reference_profiled or not isinstance(report, TrialReport) or report.marker_stream is None:
+            return
+        if all(k.stream == report.marker_stream for k in report.kernels):
+            return
+        self.reference_profiled = True
+        try:
+            events, marker = _profiled_reference(self.model, inputs, self.device)
+        except RuntimeError:
+            logger.warning("the reference's profile failed: no library stream is excused", exc_info=True)
+            return
+        self.judge.library_kernels = library_kernels(events, marker)
+        self.judge.details["library_kernels"] = ",".join(sorted(self.judge.library_kernels))[:500]
 
     def _draw(self, spec: TrialSpec) -> tuple[list, tuple[str, ...], list, str]:
         """Inputs, their fingerprints (taken before the reference runs), reference, variant."""

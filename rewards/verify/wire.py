@@ -4,8 +4,9 @@ What it is: the msgspec messages of the verification protocol (`Load`, `Trial`, 
 parent `rewards.verify.verifier`; `Loaded`, `TrialReport` from the child `rewards.verify.candidate`), the
 observations a report carries (`Snapshot`, `OutputInfo`, `KernelEvent`), `Pipe` (length-prefixed
 msgpack frames on two fds, with a receive timeout), and blob files for tensors (`BlobWriter`,
-`read_tensor`): tensors never travel inside a frame, only a `TensorRef` naming a file, offset,
-dtype and shape.
+`write_state`, `read_tensor`): tensors never travel inside a frame, only a `TensorRef` naming a
+file, offset, dtype and shape. `lock_file_size` keeps a child that runs candidate code under the
+lane's file-size limit.
 
 What it is not: no policy. The child only observes and reports; every decision is made by the
 parent from these observations (`rewards.verify.judge`). Nothing in a report is trusted beyond what the
@@ -26,9 +27,13 @@ Importing this module does not import torch (the orchestrator imports it through
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import resource
 import select
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -285,6 +290,50 @@ class BlobWriter:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def blob_nbytes(tensors) -> int:
+    """The size of the blob file a BlobWriter makes of `tensors`."""
+    size = 0
+    for t in tensors:
+        size += -size % BLOB_ALIGN + t.numel() * t.element_size()
+    return size
+
+
+def write_state(directory: Path, state: Mapping[str, Any]) -> dict[str, TensorRef]:
+    """The reference's state_dict as the blob file "state.bin", for the child to load. The
+    harness must write it whatever its size (KernelBench's L3 2_ShallowWideMLP has 8 GiB of
+    weights), so this trusted process lifts its RLIMIT_FSIZE soft limit to the blob's size for the
+    write and puts it back: the lane's limit (`rewards.queue.worker --max-file-mib`) is what
+    candidate code gets."""
+    need = blob_nbytes(state.values())
+    with _file_size_at_least(need, "the reference's state_dict"), BlobWriter(directory, "state.bin") as writer:
+        return {key: writer.add(t) for key, t in state.items()}
+
+
+@contextlib.contextmanager
+def _file_size_at_least(nbytes: int, what: str) -> Iterator[None]:
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if soft == resource.RLIM_INFINITY or nbytes <= soft:
+        yield
+        return
+    if hard != resource.RLIM_INFINITY and nbytes > hard:
+        raise OSError(errno.EFBIG, f"{what} needs a file of {nbytes / 2**20:.0f} MiB, past this process's "
+                      f"hard RLIMIT_FSIZE of {hard / 2**20:.0f} MiB")
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def lock_file_size() -> None:
+    """Make this process's RLIMIT_FSIZE soft limit its hard limit too. A child that runs
+    candidate code calls this before it loads any: the candidate (and whatever it starts) can then
+    neither write a file past the lane's limit nor lift it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, soft))
 
 
 def share_cuda(tensor) -> CudaShare:

@@ -1,0 +1,49 @@
+"""The zygote's compile warm-up: what each forked child's first torch.compile would import and
+hash, done once before the fork.
+
+What it is: `warm_up()`, run by rewards.queue.zygote_server after its PRELOAD imports and before
+it forks. It imports the Inductor, AOTAutograd and Dynamo-backend modules that
+`torch.compile(model)`, `torch.compiler.load_cache_artifacts` and a first compile load lazily
+(`torch.compile(model)` alone, which traces nothing, spent 0.5-1.8 s on them in a fresh process on
+a CPU), registers Inductor's device backends, and computes the two source hashes in Inductor's cache keys
+(`torch_key`: torch's Python files; `triton_key`: Triton's, its libtriton among them). The
+process caches both, and every child inherits them.
+
+What it is not: it compiles nothing. A Dynamo trace on a CUDA build calls
+`torch.cuda.is_available()` (cudaGetDeviceCount, which initialises the CUDA driver without
+`torch.cuda.is_initialized()` noticing, and a child forked after that cannot use CUDA) and
+reads the CUDA RNG state (which initialises CUDA); `torch._dynamo.reset()` calls
+`is_available()` too. So nothing here traces, resets or touches a device: imports and file
+hashes only. It starts no thread or process and writes no file: Inductor's cache directory
+(under TMPDIR, which the PRELOAD imports already create) stays empty. Inductor's config,
+`compile_threads` included, is read from the zygote's environment, the one its children get.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+MODULES = (
+    "torch._inductor.compile_fx",  # torch.compile(model) imports it to read Inductor's config
+    "torch._inductor.compiler_bisector",  # ... and this to apply the bisector's config
+    "torch._dynamo.repro.after_dynamo",  # Dynamo wraps the backend it looks up with it
+    "torch._functorch.aot_autograd",
+    "torch._functorch._aot_autograd.autograd_cache",  # the cache a recorded compile hits
+    "torch.compiler._cache",  # torch.compiler.load_cache_artifacts
+)
+
+
+def warm_up() -> None:
+    """Import MODULES and Dynamo's backends, register Inductor's device backends, hash the
+    sources in Inductor's cache keys. Raises what an import raises."""
+    import torch
+
+    for name in MODULES:
+        importlib.import_module(name)
+    torch.compiler.list_backends()  # imports every registered backend's module
+    from torch._inductor import codecache
+    from torch._inductor.codegen.common import init_backend_registration
+
+    init_backend_registration()  # what the first compile registers, for every device type
+    codecache.torch_key()
+    codecache.triton_key()  # None without Triton
