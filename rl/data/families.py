@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import orjson
 from msgspec import Struct
 
@@ -37,7 +38,7 @@ from rl.demonstrations import DemoTask
 SIZING = sz.Config()
 """The eager-time target, memory budget and H100 rates the real shapes are sized with."""
 
-VERSION = 1
+VERSION = 2
 """Bump when a source, a teacher or the split changes: task ids and the split are fixed per version."""
 
 
@@ -276,7 +277,7 @@ def _elementwise_cu(spec: Spec) -> str:
             "    const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;\n"
             "    for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)\n"
             f"        y[i] = apply(x[i]);\n}}\n\n{LAUNCH}\n"
-            "extern \"C\" void unary_launcher(const float* x, float* y, long long n, cudaStream_t stream) {\n"
+            f"extern \"C\" void {spec.family}_launcher(const float* x, float* y, long long n, cudaStream_t stream) {{\n"
             "    if (n <= 0) return;\n    unary_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, y, n);\n}\n")
 
 
@@ -403,7 +404,10 @@ def specs() -> tuple[list[Spec], list[Spec]]:
     return _train_specs(), _heldout_specs()
 
 
-def split(*, scale: float = 1.0, config: sz.Config = SIZING) -> Split:
+def split(*, scale: float = 1.0, config: sz.Config = SIZING, target_ms: float | None = None) -> Split:
+    """The tasks of both splits; `target_ms` replaces the sizing's eager-time target (scale 1)."""
+    if target_ms is not None:
+        config = msgspec.structs.replace(config, target_ms=target_ms)
     train, heldout = specs()
     return Split(version=VERSION, train=tuple(task(s, scale=scale, config=config) for s in train),
                  heldout=tuple(task(s, scale=scale, config=config) for s in heldout))

@@ -143,12 +143,15 @@ def load_latest(
     actor_opt: torch.optim.Optimizer | None = None,
     critic_opt: torch.optim.Optimizer | None = None,
 ) -> tuple[int, dict[str, Any]] | None:
-    """Restore the newest complete checkpoint of `run_dir`; (step, extra), or None if there is none.
+    """Restore the newest complete checkpoint of `run_dir` (or `run_dir` itself when it is one
+    checkpoint directory, RUN/ckpt/step_N); (step, extra), or None if there is none.
 
     Torn `.tmp` directories of a killed save are removed first. Modules or optimizers passed as
     None are not restored (e.g. start a new stage from another run's actor with fresh
     optimizers). RNG streams are restored when the checkpoint has a file for this rank.
     """
+    if (Path(run_dir) / "state").is_dir():  # one checkpoint directory (RUN/ckpt/step_N), not a run's
+        return load(run_dir, actor=actor, critic=critic, actor_opt=actor_opt, critic_opt=critic_opt)
     root = Path(run_dir) / "ckpt"
     if _rank() == 0 and root.is_dir():
         _clean(root)

@@ -1,0 +1,212 @@
+"""Does PPO teach a pretrained policy kernels it was never shown? PPO against a control, per seed.
+
+What it is: for each seed, one training run of the smoke recipe from the named policy (rft on
+teacher trajectories of the `rl.data.families` training split -> value pretraining -> PPO, with
+real compile, verify and profile), then the control: the same PPO stage started from the same
+post-value checkpoint with the actor's learning rate at 0 (the critic still trains, the policy
+does not move). Both evaluate the held-out split (`rl.heldout`) when their PPO ends. Written to
+OUT: `learning.json` (every held-out row of every run), `learning.md` (the table per seed, the
+mean and standard error over seeds of PPO minus control, and the two targets checked) and
+`learning.png` (held-out mean reward and pass rate per seed: before rft, after rft, after PPO,
+and the control). Each run is `cuda-agent train` in its own directory OUT/seed<k>/{ppo,control}
+and resumes, so a rerun after an interruption redoes only what is missing.
+What it is not: a test (`tests/test_policy_learning.py` runs the plumbing on the CPU with the
+fake environment and a tiny model; on that, the numbers mean nothing).
+
+Targets: after rft the held-out pass rate is at least 30%; PPO beats the control on held-out mean
+reward by more than two standard errors (of the per-seed differences).
+
+    python -m bench.system.learning --policy smollm2-135m --seeds 3 --out runs/learning
+    python -m bench.system.learning --policy smollm2-135m --seeds 1 --set steps.ppo=2   (shorter)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import orjson
+from msgspec import Struct
+
+from agentcore import runtime
+from rl.config import TrainConfig, apply_overrides
+from rl.heldout import read_rows
+from rl.recipes import smoke, smoke_cpu
+from rl.stages import stage_plan
+from rl.train import mark_run, run_training
+
+PASS_TARGET = 0.30
+"""Held-out pass rate the policy must reach after rft."""
+SE_MULTIPLE = 2.0
+"""PPO must beat the control by more than this many standard errors."""
+CPU_FAMILIES = ["data.tasks=families", "data.family_scale=0.01", "data.heldout=true", "data.demos=3",
+                "data.rft_policy_rollouts=false", "data.collect_tasks=2", "steps.rft=2", "steps.value=1",
+                "steps.ppo=1", "rollout.max_context_tokens=8192"]
+"""The smoke_cpu recipe on toy-sized family tasks: the plumbing of this benchmark on a CPU."""
+
+
+class SeedResult(Struct, kw_only=True):
+    """The held-out rows of one seed's two runs, by label."""
+
+    seed: int
+    ppo: dict[str, dict[str, Any]]
+    control: dict[str, dict[str, Any]]
+    wall_s: float
+
+
+def seed_configs(base: TrainConfig, out: Path, seed: int, overrides: list[str]) -> tuple[TrainConfig, TrainConfig]:
+    """(the PPO run, its control) of one seed; the control starts from the PPO run's checkpoint
+    after the value stage and trains with actor_lr 0."""
+    common = [f"seed={seed}", f"data.seed={seed}", f"rollout.seed={1000 * seed}", f"model.seed={seed}",
+              "checkpoint.keep=3", *overrides]
+    ppo = apply_overrides(base, [*common, f"run_dir={out / f'seed{seed}' / 'ppo'}"])
+    value_end = next(s.end for s in stage_plan(ppo) if s.name == "value")
+    control = apply_overrides(base, [
+        *common, f"run_dir={out / f'seed{seed}' / 'control'}", "stage=ppo", "optim.actor_lr=0.0",
+        f"init_from={Path(ppo.run_dir) / 'ckpt' / f'step_{value_end:06d}'}",
+    ])
+    return ppo, control
+
+
+def run_seed(base: TrainConfig, out: Path, seed: int, overrides: list[str]) -> SeedResult:
+    t0 = time.monotonic()
+    ppo, control = seed_configs(base, out, seed, overrides)
+    for cfg in (ppo, control):
+        if not any(r.get("label") == "after_ppo" for r in read_rows(cfg.run_dir)):
+            _train(cfg)
+    return SeedResult(seed=seed, ppo=_by_label(ppo.run_dir), control=_by_label(control.run_dir),
+                      wall_s=time.monotonic() - t0)
+
+
+def _train(cfg: TrainConfig) -> None:
+    run_dir = Path(cfg.run_dir)
+    resume = (run_dir / "ckpt" / "latest").exists()
+    mark_run(run_dir, "train", ["bench.system.learning", cfg.run_dir])
+    if not resume:  # a fresh run: start from the recipe's init; else --resume semantics
+        for stale in ("metrics.jsonl", "heldout.jsonl"):
+            (run_dir / stale).unlink(missing_ok=True)
+    runtime.run(run_training, cfg)
+
+
+def _by_label(run_dir: str | Path) -> dict[str, dict[str, Any]]:
+    return {r["label"]: r for r in read_rows(run_dir)}
+
+
+def mean_se(xs: list[float]) -> tuple[float, float]:
+    """Mean and standard error of the mean (0 for one value)."""
+    if not xs:
+        return math.nan, math.nan
+    if len(xs) == 1:
+        return xs[0], 0.0
+    return statistics.fmean(xs), statistics.stdev(xs) / math.sqrt(len(xs))
+
+
+def verdicts(results: list[SeedResult]) -> dict[str, Any]:
+    """The two targets, checked on the seeds that finished both runs."""
+    done = [r for r in results if "after_ppo" in r.ppo and "after_ppo" in r.control]
+    diffs = [_reward(r.ppo["after_ppo"]) - _reward(r.control["after_ppo"]) for r in done]
+    mean, se = mean_se(diffs)
+    after_rft = [r.ppo["after_rft"]["pass_rate"] for r in results if "after_rft" in r.ppo]
+    return {
+        "seeds": len(results), "seeds_complete": len(done),
+        "after_rft_pass_rate": mean_se(after_rft)[0] if after_rft else None,
+        "pass_target_met": bool(after_rft) and mean_se(after_rft)[0] >= PASS_TARGET,
+        "ppo_minus_control_mean": mean, "ppo_minus_control_se": se,
+        "ppo_beats_control": len(done) >= 2 and mean > SE_MULTIPLE * se,
+    }
+
+
+def _reward(row: dict[str, Any]) -> float:
+    """Held-out mean reward of a row; an evaluation with nothing scored counts as all failed (-1)."""
+    return -1.0 if row.get("reward_mean") is None else float(row["reward_mean"])
+
+
+def markdown(results: list[SeedResult], policy: str, v: dict[str, Any]) -> str:
+    lines = [f"# Held-out learning: {policy}", "",
+             "Held-out mean reward / pass rate per seed (rewards: -1 failed, 1 correct, 2 faster than eager, "
+             "3 also than torch.compile).", "",
+             "| seed | before rft | after rft | after PPO | control (actor lr 0) | PPO - control | wall s |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results:
+        cells = [_cell(r.ppo.get("before_rft")), _cell(r.ppo.get("after_rft")), _cell(r.ppo.get("after_ppo")),
+                 _cell(r.control.get("after_ppo"))]
+        diff = (f"{_reward(r.ppo['after_ppo']) - _reward(r.control['after_ppo']):+.3f}"
+                if "after_ppo" in r.ppo and "after_ppo" in r.control else "-")
+        lines.append(f"| {r.seed} | " + " | ".join(cells) + f" | {diff} | {r.wall_s:.0f} |")
+    rft = v["after_rft_pass_rate"]
+    lines += ["",
+              f"- after rft, held-out pass rate {'-' if rft is None else f'{100 * rft:.1f}%'} "
+              f"(target >= {100 * PASS_TARGET:.0f}%): {'met' if v['pass_target_met'] else 'NOT met'}",
+              f"- PPO - control, held-out mean reward: {v['ppo_minus_control_mean']:+.3f} +- "
+              f"{v['ppo_minus_control_se']:.3f} (SE over {v['seeds_complete']} seeds; target > "
+              f"{SE_MULTIPLE:.0f} SE): {'met' if v['ppo_beats_control'] else 'NOT met'}", ""]
+    return "\n".join(lines)
+
+
+def _cell(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "-"
+    return f"{_reward(row):+.3f} / {100 * row['pass_rate']:.0f}%"
+
+
+def plot(results: list[SeedResult], path: Path) -> Path | None:
+    """Held-out mean reward and pass rate per seed at each point; None without matplotlib."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    points = [("before rft", "ppo", "before_rft"), ("after rft", "ppo", "after_rft"),
+              ("after PPO", "ppo", "after_ppo"), ("control", "control", "after_ppo")]
+    fig = Figure(figsize=(9, 3.6))
+    FigureCanvasAgg(fig)
+    for k, (key, title) in enumerate([("reward", "held-out mean reward"), ("pass_rate", "held-out pass rate")]):
+        ax = fig.add_subplot(1, 2, k + 1)
+        for r in results:
+            ys = []
+            for _, run, label in points:
+                row = getattr(r, run).get(label)
+                ys.append(math.nan if row is None else (_reward(row) if key == "reward" else row["pass_rate"]))
+            ax.plot(range(len(points)), ys, marker="o", label=f"seed {r.seed}")
+        ax.set_xticks(range(len(points)), [p[0] for p in points])
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        if k == 0:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def main_policy(policy: str, seeds: int, out: Path, overrides: list[str], *, cpu: bool = False) -> int:
+    """Run every seed, then write learning.{json,md,png} in `out`; 0 when both targets are met."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    base = apply_overrides(smoke_cpu(), CPU_FAMILIES) if cpu else smoke()
+    if policy != "tiny":  # the CPU plumbing's tiny random model is the recipe's own
+        base = apply_overrides(base, [f"model.path={policy}", "model.hf_config=null"])
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for seed in range(seeds):
+        results.append(run_seed(base, out, seed, overrides))
+        _write(out, policy, results)
+    v = _write(out, policy, results)
+    print((out / "learning.md").read_text())
+    return 0 if v["pass_target_met"] and v["ppo_beats_control"] else 1
+
+
+def _write(out: Path, policy: str, results: list[SeedResult]) -> dict[str, Any]:
+    v = verdicts(results)
+    doc = {"policy": policy, "verdicts": v, "seeds": [msgspec.to_builtins(r) for r in results]}
+    (out / "learning.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    (out / "learning.md").write_text(markdown(results, policy, v))
+    plot(results, out / "learning.png")
+    return v
+
+
+__all__ = ["SeedResult", "main_policy", "mean_se", "run_seed", "seed_configs", "verdicts"]

@@ -1,0 +1,110 @@
+"""The held-out evaluation: the policy on tasks it never trained on, at the run's stage boundaries.
+
+What it is: with `data.tasks=families` and `data.heldout`, `evaluate(run, label)` rolls the current
+policy out on the held-out split of `rl.data.families` (`data.heldout_samples` trajectories per
+task at `data.heldout_temperature`, 0 = greedy, with the rollout's seed), each scored like a
+training trajectory by the run's scorer (the real final evaluation on a GPU), and appends one row
+to RUN/heldout.jsonl: the label (`before_rft`, `after_rft`, `after_ppo` in a smoke run), the weight version,
+pass rate, mean reward, the share faster than eager, and the rollout figures. The trajectories are
+in `rollouts/heldout_<label>.jsonl`; a resumed run finds a label already in heldout.jsonl and does
+not evaluate it again. `read_rows` and `table` give the rows back and print them.
+What it is not: training data (nothing here reaches the learner) or the KernelBench benchmark
+(`cuda-agent bench`).
+
+Example:
+    row = await heldout.evaluate(run, "after_rft")
+    print(heldout.table(heldout.read_rows(run.run_dir)))
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import orjson
+
+from agentcore.orchestrator import WorkItem
+from agentcore.types import Task
+from rl.config import TrainConfig
+from rl.data import families
+from rl.metrics import step_metrics
+from rl.run import Run
+from rl.stages import stage_plan
+
+FILE = "heldout.jsonl"
+AFTER = ("single_turn", "rft", "ppo")
+"""The stages that move the actor: the loop evaluates after each, and before its first stage
+(labels `before_<first stage>`, `after_<stage>`)."""
+
+
+def enabled(cfg: TrainConfig) -> bool:
+    return cfg.data.heldout and cfg.data.tasks == "families"
+
+
+def expected_labels(cfg: TrainConfig) -> list[str]:
+    """The labels a whole run of `cfg`'s stage plan writes."""
+    plan = stage_plan(cfg)
+    return [f"before_{plan[0].name}", *(f"after_{s.name}" for s in plan if s.name in AFTER)]
+
+
+def heldout_tasks(cfg: TrainConfig) -> list[Task]:
+    return list(families.split(scale=cfg.data.family_scale, target_ms=cfg.data.family_target_ms).heldout)
+
+
+def read_rows(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The rows of RUN/heldout.jsonl (a torn last line is skipped)."""
+    path = Path(run_dir) / FILE
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_bytes().splitlines():
+        try:
+            rows.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            continue
+    return rows
+
+
+async def evaluate(run: Run, label: str, *, version: int) -> dict[str, Any] | None:
+    """Evaluate the held-out split now and append the row; None when disabled or already done."""
+    cfg = run.cfg
+    if not enabled(cfg) or any(r.get("label") == label for r in read_rows(run.run_dir)):
+        return None
+    items = [WorkItem(task=t, group_id=f"{t.task_id}@heldout", samples=cfg.data.heldout_samples)
+             for t in heldout_tasks(cfg)]
+    rollout = msgspec.structs.replace(cfg.rollout, temperature=cfg.data.heldout_temperature)
+    trajs = await run.rollouts(items, tag=f"heldout_{label}", rollout=rollout)
+    figures = step_metrics(trajs, max_response_tokens=None)
+    by_task: dict[str, list[float | None]] = {}
+    for t in trajs:
+        by_task.setdefault(t.task_id, []).append(t.reward)
+    row = {
+        "label": label,
+        "weight_version": version,
+        "tasks": len(items),
+        "trajectories": len(trajs),
+        "pass_rate": figures.get("pass_rate", 0.0),
+        "reward_mean": figures.get("reward_mean"),
+        "faster_than_eager_rate": figures.get("faster_than_eager_rate", 0.0),
+        "scored": figures.get("scored", 0.0),
+        "parse_error_rate": figures.get("parse_error_rate"),
+        "turns_mean": figures.get("turns_mean"),
+        "by_task": by_task,
+    }
+    with (run.run_dir / FILE).open("ab") as f:
+        f.write(orjson.dumps(row) + b"\n")
+    return row
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The rows as a small text table: pass rate, mean reward, share faster than eager."""
+    lines = [f"{'held-out':<12} {'pass rate':>9} {'mean reward':>11} {'faster than eager':>17} {'trajectories':>12}"]
+    for r in rows:
+        mean = "-" if r.get("reward_mean") is None else f"{r['reward_mean']:+.3f}"
+        lines.append(f"{r['label']:<12} {100 * r['pass_rate']:>8.1f}% {mean:>11} "
+                     f"{100 * r['faster_than_eager_rate']:>16.1f}% {r['trajectories']:>12}")
+    return "\n".join(lines)
+
+
+__all__ = ["AFTER", "FILE", "enabled", "evaluate", "expected_labels", "heldout_tasks", "read_rows", "table"]

@@ -1,0 +1,92 @@
+"""The policy-learning benchmark (bench.system.policy_learning): its arithmetic and verdicts, the
+control's configuration, and one whole seed of its plumbing on the CPU (tiny model, fake kernel
+environment: the numbers mean nothing there, the files and rows must all be there)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bench.system.policy_learning import (
+    CPU_FAMILIES,
+    SeedResult,
+    main_policy,
+    markdown,
+    mean_se,
+    seed_configs,
+    verdicts,
+)
+from rl.config import apply_overrides
+from rl.heldout import read_rows
+from rl.recipes import smoke, smoke_cpu
+
+
+def _row(label: str, reward: float | None, pass_rate: float) -> dict:
+    return {"label": label, "reward_mean": reward, "pass_rate": pass_rate, "faster_than_eager_rate": 0.0,
+            "trajectories": 17}
+
+
+def _seed(seed: int, rft_pass: float, ppo: float, control: float) -> SeedResult:
+    return SeedResult(seed=seed, wall_s=1.0,
+                      ppo={"before_rft": _row("before_rft", -1.0, 0.0), "after_rft": _row("after_rft", 0.0, rft_pass),
+                           "after_ppo": _row("after_ppo", ppo, 0.5)},
+                      control={"after_ppo": _row("after_ppo", control, 0.4)})
+
+
+def test_mean_and_standard_error():
+    assert all(math.isnan(x) for x in mean_se([]))
+    assert mean_se([2.0]) == (2.0, 0.0)
+    mean, se = mean_se([1.0, 2.0, 3.0])
+    assert mean == 2.0 and math.isclose(se, 1.0 / math.sqrt(3))
+
+
+def test_ppo_must_beat_the_control_by_more_than_two_standard_errors():
+    clear = verdicts([_seed(0, 0.4, 0.5, 0.1), _seed(1, 0.35, 0.6, 0.1), _seed(2, 0.3, 0.55, 0.1)])
+    assert clear["ppo_beats_control"] and clear["pass_target_met"]
+    noisy = verdicts([_seed(0, 0.4, 0.5, 0.1), _seed(1, 0.4, -0.2, 0.1), _seed(2, 0.4, 0.3, 0.1)])
+    assert not noisy["ppo_beats_control"]
+    one = verdicts([_seed(0, 0.1, 0.9, 0.1)])  # one seed has no standard error: never a verdict of "beats"
+    assert not one["ppo_beats_control"] and not one["pass_target_met"]
+
+
+def test_an_evaluation_with_nothing_scored_counts_as_failed():
+    v = verdicts([_seed(0, 0.3, None, -1.0), _seed(1, 0.3, None, -1.0)])  # type: ignore[arg-type]
+    assert v["ppo_minus_control_mean"] == 0.0 and not v["ppo_beats_control"]
+
+
+def test_the_report_names_both_targets_met_or_not():
+    results = [_seed(0, 0.1, 0.2, 0.1), _seed(1, 0.1, 0.1, 0.2)]
+    text = markdown(results, "smollm2-135m", verdicts(results))
+    assert "| 0 |" in text and "| 1 |" in text
+    assert text.count("NOT met") == 2
+
+
+def test_the_control_starts_from_the_runs_post_value_checkpoint_with_a_frozen_actor(tmp_path):
+    ppo, control = seed_configs(smoke(), tmp_path, 2, ["steps.ppo=4"])
+    assert ppo.stage == "smoke" and control.stage == "ppo"
+    assert control.optim.actor_lr == 0.0 and ppo.optim.actor_lr > 0
+    assert control.optim.critic_lr == ppo.optim.critic_lr
+    assert control.init_from == str(tmp_path / "seed2" / "ppo" / "ckpt" / f"step_{ppo.steps.rft + ppo.steps.value:06d}")
+    assert ppo.steps.ppo == control.steps.ppo == 4
+    assert ppo.rollout.seed == control.rollout.seed == 2000 and ppo.data.seed == 2
+    assert ppo.checkpoint.keep >= 3  # the post-value checkpoint outlives the PPO run's own
+
+
+@pytest.mark.slow
+def test_one_seed_of_plumbing_on_the_cpu(tmp_path: Path):
+    cpu = apply_overrides(smoke_cpu(), CPU_FAMILIES)
+    assert cpu.data.heldout and cpu.data.tasks == "families"
+    code = main_policy("tiny", 1, tmp_path, [], cpu=True)
+    assert code == 1  # a tiny model on the fake environment meets no target; the report says so
+    doc = orjson.loads((tmp_path / "learning.json").read_bytes())
+    seed = doc["seeds"][0]
+    assert set(seed["ppo"]) == {"before_rft", "after_rft", "after_ppo"}
+    assert set(seed["control"]) == {"before_ppo", "after_ppo"}
+    assert doc["verdicts"]["seeds_complete"] == 1
+    assert "NOT met" in (tmp_path / "learning.md").read_text()
+    assert (tmp_path / "learning.png").stat().st_size > 0
+    control = read_rows(tmp_path / "seed0" / "control")
+    assert [r["label"] for r in control] == ["before_ppo", "after_ppo"]
