@@ -2,6 +2,8 @@
 
 What it is: everything that talks to SGLang's native HTTP API (`/generate`, the
 control and weight-update routes of `python/sglang/srt/entrypoints/http_server.py`).
+`offline.py` (not imported here) builds and installs an SGLang bundle for a GPU machine that
+has no package index.
 What it is not: chat rendering (done before the engine) or weight serialisation (the learner's
 job, in `rl`); nothing here imports torch.
 
