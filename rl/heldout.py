@@ -28,7 +28,7 @@ from agentcore.orchestrator import WorkItem
 from agentcore.types import Task
 from rl.config import TrainConfig
 from rl.data import families
-from rl.metrics import step_metrics
+from rl.metrics import read_jsonl, step_metrics
 from rl.run import Run
 from rl.stages import stage_plan
 
@@ -54,16 +54,7 @@ def heldout_tasks(cfg: TrainConfig) -> list[Task]:
 
 def read_rows(run_dir: str | Path) -> list[dict[str, Any]]:
     """The rows of RUN/heldout.jsonl (a torn last line is skipped)."""
-    path = Path(run_dir) / FILE
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_bytes().splitlines():
-        try:
-            rows.append(orjson.loads(line))
-        except orjson.JSONDecodeError:
-            continue
-    return rows
+    return read_jsonl(Path(run_dir) / FILE)
 
 
 async def evaluate(run: Run, label: str, *, version: int) -> dict[str, Any] | None:

@@ -275,17 +275,26 @@ def _keep_before(path: Path, start_step: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _rows(path: Path) -> list[dict[str, Any]]:
-    """Decoded lines; a torn last line (a crash mid-write) and other junk are skipped."""
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file, in order; a torn last line (a crash mid-write) and
+    other junk are skipped, and a missing file has none."""
+    path = Path(path)
+    if not path.is_file():
+        return []
     rows = []
     for raw in path.read_bytes().splitlines():
         try:
             row = orjson.loads(raw)
         except orjson.JSONDecodeError:
             continue
-        if isinstance(row, dict) and isinstance(row.get("step"), int):
+        if isinstance(row, dict):
             rows.append(row)
     return rows
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    """The metric rows of a file: objects with an integer step."""
+    return [row for row in read_jsonl(path) if isinstance(row.get("step"), int)]
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

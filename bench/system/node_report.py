@@ -17,6 +17,8 @@ from typing import Any
 import msgspec
 import orjson
 
+from rl.metrics import read_jsonl
+
 
 class GpuSample(msgspec.Struct, frozen=True, kw_only=True):
     t_s: float
@@ -34,18 +36,6 @@ def parse_smi_line(line: str, t_s: float) -> GpuSample | None:
         return GpuSample(t_s=round(t_s, 3), gpu=int(parts[0]), util_pct=float(parts[1]), mem_mib=float(parts[2]))
     except ValueError:
         return None
-
-
-def _jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_bytes().splitlines():
-        try:
-            rows.append(orjson.loads(line))
-        except orjson.JSONDecodeError:
-            continue  # a torn last line of a killed run
-    return rows
 
 
 def _num(row: dict, *keys: str) -> float | None:
@@ -105,12 +95,12 @@ def scaling(steps: list[dict], single_gpu_json: Path | None) -> dict | None:
 def write_report(run_dir: Path, samples: list[GpuSample], outcome: dict, *, single_gpu_json: Path | None = None) -> dict:
     config = orjson.loads((run_dir / "config.json").read_bytes()) if (run_dir / "config.json").is_file() else {}
     layout = config.get("layout", {})
-    steps = step_rows(_jsonl(run_dir / "metrics.jsonl"), max(1, len(layout.get("learner_gpus", ())) or 1))
+    steps = step_rows(read_jsonl(run_dir / "metrics.jsonl"), max(1, len(layout.get("learner_gpus", ())) or 1))
     report: dict[str, Any] = {
         "recipe": config.get("recipe"), "layout": layout, "outcome": outcome, "steps": steps,
         "groups": gpu_groups(samples, layout), "scaling": scaling(steps, single_gpu_json),
         "checkpoints": sorted(p.name for p in (run_dir / "ckpt").glob("step_*")) if (run_dir / "ckpt").is_dir() else [],
-        "watcher": _jsonl(run_dir / "bench" / "metrics.jsonl"),
+        "watcher": read_jsonl(run_dir / "bench" / "metrics.jsonl"),
         "samples": msgspec.to_builtins(samples),
     }
     (run_dir / "node_report.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
