@@ -259,6 +259,16 @@ def _timing_info(prefix: str, timing: Timing | None) -> dict[str, JsonScalar]:
     }
 
 
+def clip_message(text: str, limit: int = 500) -> str:
+    """`text` within `limit` characters: its start and its end, which is where a traceback's
+    exception is (a forward that failed reports "trial 0: forward failed:" and then one)."""
+    if len(text) <= limit:
+        return text
+    gap = " [...] "
+    head = limit // 4
+    return text[:head] + gap + text[len(text) - (limit - head - len(gap)):]
+
+
 def reward_info(score: Score) -> dict[str, JsonScalar]:
     """Flatten a Score into the str -> scalar dict of `Trajectory.reward_info`."""
     v = score.verdict
@@ -267,7 +277,7 @@ def reward_info(score: Score) -> dict[str, JsonScalar]:
         "milestone": score.milestone,
         "status": v.status.value,
         "hack": v.hack.value if v.hack is not None else None,
-        "message": v.message[:500],
+        "message": clip_message(v.message),
         "trials": v.trials,
         "max_abs_err": v.max_abs_err,
         "max_rel_err": v.max_rel_err,

@@ -211,6 +211,16 @@ def test_reward_info_is_flat_scalars():
     assert info["breakdown.beats_compile"] is True
 
 
+def test_reward_info_keeps_the_exception_at_the_end_of_a_long_traceback():
+    frames = "".join(f'  File "/work/main/rewards/verify/candidate.py", line {n}, in _trial\n' for n in range(40))
+    message = f"trial 0: forward failed:\nTraceback (most recent call last):\n{frames}" \
+              "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"
+    info = reward_info(score(Verdict(status=VerdictStatus.RUNTIME_ERROR, message=message), None, None, None))
+    assert len(info["message"]) <= 500
+    assert info["message"].startswith("trial 0: forward failed:")
+    assert info["message"].endswith("an illegal memory access was encountered")
+
+
 def test_score_round_trips_through_json():
     s = score(OK, t(1.0), t(2.0), t(1.5))
     assert score_decoder.decode(msgspec.json.encode(s)) == s

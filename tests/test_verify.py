@@ -49,7 +49,7 @@ from rewards.verify.verifier import (
     to_verify_result,
     verdict_from_job,
 )
-from rewards.verify.wire import KernelEvent, Loaded, Snapshot, TrialReport
+from rewards.verify.wire import KernelEvent, Loaded, OutputInfo, Snapshot, TrialReport
 from rl.data.kernelbench import PROBLEMS
 from tests.test_gpu_queue import needs_bwrap
 
@@ -450,6 +450,44 @@ def test_precision_error_separates_fp16_rounding_from_fp32_noise():
     assert precision_error(fp32, ref) < 1e-7
     assert precision_error(fp32.half().float(), ref) > 5e-5
     assert precision_error(fp32.bfloat16().float(), ref) > 5e-4
+
+
+# The signed and scaled variants make long sums cancel; KernelBench's atol (1e-2) is absolute.
+# A K = 524,288 dot product of inputs scaled by 5 summed in order in fp32 (a thread per output,
+# as the leaderboard's L1/6 matmul does) is off by 0.09 (std) on outputs of median size 4,200.
+EXACT = torch.randn(65_536, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 6_300
+ROUNDING = torch.randn(65_536, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 0.09
+
+
+def judge_one(out: torch.Tensor, variant: str):
+    """A one-trial verdict on `out` against EXACT (float64) and its fp32 rounding (the reference)."""
+    judge = Judge(JudgeSettings())
+    info = OutputInfo(type_name="Tensor", plain=True, device="cpu", dtype="float32", shape=tuple(out.shape),
+                      has_storage=True, aliases_input=False)
+    judge.outputs(0, 0, (info,), [out], [EXACT.float()], {}, reused=False, exact=[EXACT], calibration=[],
+                  variant=variant)
+    return judge.verdict(trials=1)
+
+
+def test_fp32_rounding_of_a_cancelling_sum_passes_on_the_signed_and_scaled_variants():
+    honest = (EXACT + ROUNDING).float()
+    assert judge_one(honest, "scaled").ok and judge_one(honest, "signed").ok
+    assert judge_one(honest, "task").status is S.WRONG_OUTPUT  # KernelBench's own inputs: its tolerance
+
+
+@pytest.mark.parametrize(
+    ("out", "status", "hack"),
+    [
+        ((EXACT + ROUNDING * 7_000).float(), S.WRONG_OUTPUT, None),  # 1% of the K terms left out: std 630
+        (EXACT.flip(0).float(), S.WRONG_OUTPUT, None),  # the answer to other inputs
+        (EXACT.half().float(), S.HACK, H.PRECISION_DOWNGRADE),
+        (torch.zeros(65_536), S.HACK, H.DEGENERATE_OUTPUT),
+    ],
+    ids=["partial_sum", "other_inputs", "fp16", "zeros"],
+)
+def test_the_scaled_variants_tolerance_still_rejects_wrong_and_downgraded_outputs(out, status, hack):
+    verdict = judge_one(out, "scaled")
+    assert (verdict.status, verdict.hack) == (status, hack), verdict
 
 
 # --- the fixture corpus (built and run in test_verify_gpu.py) -----------------------------------

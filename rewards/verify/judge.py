@@ -207,14 +207,18 @@ class Judge:
     # -- the parent's comparison ---------------------------------------------------------------
 
     def outputs(self, trial: int, run: int, infos: tuple[OutputInfo, ...], outs: list, refs: list,
-                inputs: dict[str, int], *, reused: bool, exact: list | None, calibration: list[float] | None) -> bool:
+                inputs: dict[str, int], *, reused: bool, exact: list | None, calibration: list[float] | None,
+                variant: str = "task") -> bool:
         """Compare one run's outputs with `refs` (exact fp32), values with `exact` (float64) when
-        given; True when every output is within tolerance."""
+        given; True when every output is within tolerance. Inputs of another `variant` than the
+        task's own get an atol relative to the output's typical size (`rewards.verify.compare`)."""
         if not self._layout_ok(trial, infos, refs):
             self._remember_run(trial, run, reused, False, None, None, refs)
             return False
         exact = exact or [None] * len(refs)
-        checks = [compare.check_output(o, r, self.s.atol, self.s.rtol, exact=e) for o, r, e in zip(outs, refs, exact)]
+        checks = [compare.check_output(o, r, self.s.atol, self.s.rtol, exact=e,
+                                       atol_scale=_atol_scale(variant, r if e is None else e))
+                  for o, r, e in zip(outs, refs, exact)]
         for i, check in enumerate(checks):
             self.max_abs = max(self.max_abs, check.max_abs_err or 0.0)
             self.max_rel = max(self.max_rel, check.max_rel_err or 0.0)
@@ -336,6 +340,13 @@ class Judge:
     @staticmethod
     def _num(x: float) -> float | None:
         return x if math.isfinite(x) else None
+
+
+def _atol_scale(variant: str, ref) -> float:
+    """1 on the task's own inputs; on the signed and scaled variants, the output's typical size."""
+    if variant == "task" or not ref.is_floating_point():
+        return 1.0
+    return max(1.0, compare.typical_magnitude(ref))
 
 
 def _packet(op: str) -> str:

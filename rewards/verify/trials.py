@@ -268,7 +268,8 @@ class Verification:
                 return None
             with self.phases.phase("trial.judge"):
                 self.judge.outputs(spec.index, run, report.outputs, outs, refs, digests,
-                                   reused=spec.reuse_buffers, exact=exact, calibration=calibration)
+                                   reused=spec.reuse_buffers, exact=exact, calibration=calibration,
+                                   variant=variant)
             del outs
         if self.device.type == "cuda":
             del inputs, refs, exact
