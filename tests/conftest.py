@@ -1,11 +1,25 @@
-"""Shared test setup: the `gpu` marker skips cleanly on machines without CUDA."""
+"""Shared test setup: the `gpu` marker skips cleanly on machines without CUDA, the `sglang`
+marker without a CUDA GPU or an SGLang install; `sglang_backend` runs a contract test against
+the fake SGLang server and, under the marker, a real one (tests/sglang_backends.py)."""
 
 from __future__ import annotations
 
 import functools
 import os
+from contextlib import ExitStack
 
 import pytest
+from anyio.from_thread import start_blocking_portal
+
+from tests.sglang_backends import (
+    REAL,
+    FakeBackend,
+    RealBackend,
+    RealServers,
+    log_dir,
+    sglang_missing,
+    write_checkpoints,
+)
 
 
 @functools.cache
@@ -20,12 +34,41 @@ def cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    real_sglang = [item for item in items if item.get_closest_marker("sglang")]
+    if real_sglang:
+        reason = sglang_missing(cuda_available())
+        for item in real_sglang if reason else ():
+            item.add_marker(pytest.mark.skip(reason=reason))
     if cuda_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def sglang_checkpoints(tiny_tokenizer_dir, tmp_path_factory):
+    """Checkpoints A and B of one random-init Qwen2, exported as the learner does, once per session."""
+    return write_checkpoints(tmp_path_factory.mktemp("sglang_ckpt"), tiny_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def real_sglang(sglang_checkpoints, tmp_path_factory):
+    """The session's real SGLang servers, each started on first use through the project's launcher."""
+    logs = log_dir(tmp_path_factory.mktemp("sglang_logs"))
+    with start_blocking_portal() as portal, ExitStack() as stack:
+        yield RealServers(portal, stack, sglang_checkpoints, logs)
+
+
+@pytest.fixture(params=["fake", REAL])
+def sglang_backend(request, sglang_checkpoints):
+    """The SGLang server of a contract test: the fake, and under the `sglang` marker a real one."""
+    if request.param == "fake":
+        return FakeBackend(sglang_checkpoints)
+    servers = request.getfixturevalue("real_sglang")
+    servers.url(0)  # the first test's setup, not its body, waits for the start-up (minutes)
+    return RealBackend(servers)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,6 @@
-"""Router over real SGLangClients talking to fake SGLang servers on loopback."""
+"""Router over real SGLangClients talking to fake SGLang servers on loopback; the contract test
+(taking `sglang_backend`) also runs over two real SGLang servers, one per GPU, under the `sglang`
+marker."""
 
 from __future__ import annotations
 
@@ -48,13 +50,17 @@ async def wait_until(predicate: Callable[[], bool]) -> None:
             await anyio.sleep(0.01)
 
 
-async def test_router_keeps_each_session_on_one_server():
-    async with cluster() as (fakes, router):
+async def test_router_keeps_each_session_on_one_server(sglang_backend):
+    config = RouterConfig(probe_interval_s=0.05, probe_timeout_s=5.0)
+    async with sglang_backend.cluster(config, max_retries=1) as (clients, router):
+        homes: dict[str, set[int | None]] = {}
         for turn in range(3):
             for s in range(6):
                 await router.generate(PROMPT + [turn], PARAMS, session_id=f"t{s}")
-    a, b = sessions_seen(fakes[0]), sessions_seen(fakes[1])
-    assert not a & b and len(a | b) == 6
+                homes.setdefault(f"t{s}", set()).add(router.server_of(f"t{s}"))
+        sent = [c.statistics().requests for c in clients]
+    assert all(len(h) == 1 and None not in h for h in homes.values())
+    assert sent == [9, 9] and router.statistics().sessions_per_server == (3, 3)
 
 
 async def test_router_spreads_concurrent_new_sessions_evenly():

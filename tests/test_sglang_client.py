@@ -1,4 +1,8 @@
-"""SGLangClient against a real HTTP server on loopback that speaks SGLang's protocol (the fake)."""
+"""SGLangClient against a real HTTP server on loopback that speaks SGLang's protocol (the fake).
+
+The contract tests (those taking `sglang_backend`) also run against a real SGLang server under
+the `sglang` marker and check only what the HTTP API shows; the rest script the fake's faults or
+read what it received."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from agentcore.sglang import (
     WeightUpdateError,
 )
 from tests.fakes.sglang_server import FakeSGLangServer, expected_tokens, token_logprob
+from tests.sglang_backends import greedy, wait_idle_flush, wait_running
 
 PROMPT = [11, 12, 13]
 BOUND_S = 30  # generous: a hang fails the test instead of the suite
@@ -58,6 +63,25 @@ async def test_generate_round_trips_tokens_and_logprobs():
     assert gen.prompt_tokens == len(PROMPT)
 
 
+async def test_generate_gives_one_logprob_per_token_up_to_the_budget(sglang_backend):
+    async with sglang_backend.serving() as client:
+        gen = await client.generate(PROMPT, params(16), session_id="s")
+        version = await client.get_weight_version()
+    assert len(gen.token_ids) == len(gen.logprobs) == 16 and gen.finish_reason == "length"
+    assert all(lp <= 0.0 for lp in gen.logprobs)
+    assert gen.prompt_tokens == len(PROMPT) and gen.weight_version == version
+
+
+async def test_same_seed_gives_the_same_tokens(sglang_backend):
+    async with sglang_backend.serving() as client:
+        runs = []
+        for seed in (1234, 1234, 99):  # temperature 1: only the seed fixes the draw
+            await wait_idle_flush(client)
+            runs.append((await client.generate(PROMPT, params(16, seed=seed), session_id="s")).token_ids)
+    assert runs[0] == runs[1]
+    assert (runs[2] != runs[0]) == sglang_backend.is_model  # the fake's chain ignores seeds
+
+
 async def test_request_always_sends_max_new_tokens():
     async with serving() as (fake, client):
         await client.generate(PROMPT, params(7), session_id="s")
@@ -82,11 +106,15 @@ async def test_seed_is_sent_as_sampling_seed():
     assert fake.generate_requests[-1]["sampling_params"]["sampling_seed"] == 1234
 
 
-async def test_stop_token_ends_generation_with_stop():
-    stop = expected_tokens(PROMPT, 5)[2]
-    async with serving() as (_, client):
-        gen = await client.generate(PROMPT, params(16, stop_token_ids=(stop,)), session_id="s")
-    assert gen.finish_reason == "stop" and gen.token_ids[-1] == stop and len(gen.token_ids) == 3
+async def test_stop_token_ends_generation_with_stop(sglang_backend):
+    async with sglang_backend.serving() as client:
+        await wait_idle_flush(client)
+        free = await client.generate(PROMPT, params(5, temperature=0.0), session_id="s")
+        stop = free.token_ids[2]
+        await wait_idle_flush(client)
+        gen = await client.generate(PROMPT, params(16, temperature=0.0, stop_token_ids=(stop,)), session_id="s")
+    assert gen.finish_reason == "stop"
+    assert gen.token_ids == free.token_ids[: free.token_ids.index(stop) + 1]
 
 
 async def test_aborted_generation_is_resumed_into_one_generation():
@@ -118,16 +146,11 @@ async def test_resumes_are_bounded_and_return_partial_output_as_abort():
     assert len(fake.generate_requests) == 3
 
 
-async def test_flush_cache_is_refused_while_busy_and_accepted_when_idle():
-    async with serving({"latency_s": 1.0}) as (fake, client):
+async def test_flush_cache_is_refused_while_busy_and_accepted_when_idle(sglang_backend):
+    async with sglang_backend.serving() as client:
         async with anyio.create_task_group() as tg:
-
-            async def one() -> None:
-                await client.generate(PROMPT, params(2), session_id="s")
-
-            tg.start_soon(one)
-            await wait_until(lambda: fake.in_flight == 1)
-            assert await client.flush_cache() is False
+            tg.start_soon(lambda: client.generate(PROMPT, params(sglang_backend.long_budget), session_id="s"))
+            await wait_running(client)  # returns at the first refused flush
         assert await client.flush_cache() is True
 
 
@@ -198,13 +221,38 @@ async def test_logprobs_shorter_than_output_ids_raise_engine_error():
             await client.generate(PROMPT, params(4), session_id="s")
 
 
-async def test_weight_version_string_becomes_int():
-    async with serving() as (_, client):
+async def test_weight_version_string_becomes_int(sglang_backend):
+    async with sglang_backend.serving() as client:
         before = await client.generate(PROMPT, params(2), session_id="s")
-        await client.update_weights_from_disk("/ckpt/step7", weight_version=7)
+        version = await client.get_weight_version() + 7
+        await client.update_weights_from_disk(sglang_backend.checkpoints.a, weight_version=version)
         after = await client.generate(PROMPT, params(2), session_id="s")
-        assert (before.weight_version, after.weight_version) == (0, 7)
-        assert await client.get_weight_version() == 7
+        assert (before.weight_version, after.weight_version) == (version - 7, version)
+        assert await client.get_weight_version() == version
+
+
+async def test_update_from_a_missing_directory_raises_and_keeps_serving(sglang_backend, tmp_path):
+    async with sglang_backend.serving() as client:
+        version = await client.get_weight_version()
+        with pytest.raises(WeightUpdateError, match="HTTP 400"):
+            await client.update_weights_from_disk(str(tmp_path / "missing"), weight_version=version + 1)
+        gen = await client.generate(PROMPT, params(4), session_id="s")
+        assert await client.get_weight_version() == version
+    assert len(gen.token_ids) == 4 and gen.weight_version == version
+
+
+async def test_weight_version_falls_back_to_model_info():
+    class ModelInfoOnly(FakeSGLangServer):
+        """As SGLang 0.5.17: 404 on /get_weight_version, the version in /model_info."""
+
+        async def _dispatch(self, method: str, path: str, body: bytes) -> tuple[int, Any]:
+            if path == "/get_weight_version":
+                return 404, {"detail": "Endpoint '/get_weight_version' is deprecated."}
+            return await super()._dispatch(method, path, body)
+
+    async with ModelInfoOnly() as fake, SGLangClient(SGLangClientConfig(base_url=fake.url)) as client:
+        fake.weight_version = "12"
+        assert await client.get_weight_version() == 12
 
 
 async def test_failed_weight_update_raises_weight_update_error():
@@ -239,22 +287,57 @@ async def test_weight_update_payloads_use_sglang_field_names():
     }
 
 
-async def test_pause_then_continue_completes_the_generation():
-    async with serving({"token_latency_s": 0.02}) as (fake, client):
+async def test_pause_then_continue_completes_the_generation(sglang_backend):
+    n = sglang_backend.long_budget
+    async with sglang_backend.serving() as client:
         async with anyio.create_task_group() as tg:
             result: list[Any] = []
 
             async def one() -> None:
-                result.append(await client.generate(PROMPT, params(20), session_id="s"))
+                result.append(await client.generate(PROMPT, params(n), session_id="s"))
 
             tg.start_soon(one)
-            await wait_until(lambda: fake.in_flight == 1)
+            await wait_running(client)
             await client.pause_generation()  # mode abort: in-flight requests come back aborted
-            await wait_until(lambda: len(fake.generate_requests) == 2)  # resumed, held
-            assert await client.flush_cache() is True  # nothing runs while paused
+            await wait_until(lambda: client.statistics().resumes >= 1)  # re-sent, held by the pause
+            await wait_idle_flush(client)  # nothing runs while paused
             await client.continue_generation()
+    gen = result[0]
+    assert len(gen.token_ids) == len(gen.logprobs) == n and gen.finish_reason == "length"
+
+
+async def test_abort_all_mid_generation_is_resumed_into_one_generation(sglang_backend):
+    n = sglang_backend.long_budget
+    async with sglang_backend.serving() as client:
+        async with anyio.create_task_group() as tg:
+            result: list[Any] = []
+
+            async def one() -> None:
+                result.append(await client.generate(PROMPT, params(n), session_id="s"))
+
+            tg.start_soon(one)
+            await wait_running(client)
+            await client.abort_request(abort_all=True)
         assert client.statistics().resumes >= 1
-    assert result[0].token_ids == expected_tokens(PROMPT, 20)
+    gen = result[0]
+    assert len(gen.token_ids) == len(gen.logprobs) == n and gen.finish_reason == "length"
+
+
+async def test_released_memory_comes_back_with_the_weights_reloaded(sglang_backend):
+    a = sglang_backend.checkpoints.a
+    async with sglang_backend.serving() as client:
+        version = await client.get_weight_version()
+        await client.update_weights_from_disk(a, weight_version=version + 1)
+        before = await greedy(client)
+        await client.pause_generation()
+        await wait_idle_flush(client)  # SGLang releases only an idle server
+        await client.release_memory_occupation(["weights", "kv_cache", "cuda_graph"])
+        await client.resume_memory_occupation(["weights"])  # its contents are lost: reload them
+        await client.update_weights_from_disk(a, weight_version=version + 2)
+        await client.resume_memory_occupation(["kv_cache", "cuda_graph"])
+        await client.continue_generation()
+        assert await greedy(client) == before
+        assert await client.get_weight_version() == version + 2
 
 
 async def test_memory_release_and_resume_send_tags():

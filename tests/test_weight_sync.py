@@ -1,6 +1,11 @@
 """rl.weight_sync against the fake SGLang server (real HTTP on loopback): the pause -> flush ->
 buckets -> flush -> continue order, versions, failures with shielded cleanup, memory release,
-the disk path, the embedded engine, and the wire format SGLang's restricted unpickler accepts."""
+the disk path, the embedded engine, and the wire format SGLang's restricted unpickler accepts.
+
+The contract tests (those taking `sglang_backend`) also run against a real SGLang server under
+the `sglang` marker: there the learner's bf16 buckets leave this process as CUDA IPC handles on
+the server's GPU, and what the server then generates must be what the same checkpoint loaded
+from disk generates."""
 
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from rl.weight_sync import (
     sync_tensor,
 )
 from tests.fakes.sglang_server import FakeSGLangServer
+from tests.sglang_backends import REAL_ONLY, greedy, weight_buckets
 
 BOUND_S = 30
 FAST = WeightSyncConfig(mode="sglang_tensor", flush_timeout_s=5.0, flush_poll_s=0.01)
@@ -268,6 +274,69 @@ async def test_release_then_sync_restores_memory_in_slime_order():
         "/continue_generation",
         "/get_weight_version",
     ]
+
+
+# -- the contract, against the fake and (marker `sglang`) a real server -------------------------
+
+
+async def test_disk_sync_serves_the_checkpoint_at_its_version(sglang_backend):
+    a, b = sglang_backend.checkpoints
+    async with sglang_backend.serving() as client:
+        version = await client.get_weight_version()
+        await sync_disk([client], a, version + 1, FAST)
+        on_a = await greedy(client)
+        report = await sync_disk([client], b, version + 2, FAST)
+        on_b = await greedy(client)
+        await sync_disk([client], a, version + 3, FAST)
+        assert await greedy(client) == on_a
+        assert await client.get_weight_version() == version + 3
+    assert report.version == version + 2
+    assert (on_b != on_a) == sglang_backend.is_model  # the fake's chain ignores weights
+
+
+async def test_tensor_sync_serves_what_the_checkpoint_on_disk_serves(sglang_backend):
+    a, b = sglang_backend.checkpoints
+    buckets_b = weight_buckets(b, sglang_backend.device)
+    async with sglang_backend.serving() as client:
+        version = await client.get_weight_version()
+        await sync_disk([client], b, version + 1, FAST)
+        on_b = await greedy(client)
+        await sync_disk([client], a, version + 2, FAST)
+        on_a = await greedy(client)
+        report = await sync_tensor(client, iter(buckets_b), version + 3, FAST)
+        assert await greedy(client) == on_b
+        gen = await client.generate([1, 2], SamplingParams(max_new_tokens=2), session_id="s")
+    assert report.version == gen.weight_version == version + 3
+    assert report.tensors == sum(len(bucket) for bucket in buckets_b) and report.buckets > 1
+    assert (on_b != on_a) == sglang_backend.is_model
+
+
+async def test_release_then_tensor_sync_serves_the_weights_again(sglang_backend):
+    a = sglang_backend.checkpoints.a
+    buckets_a = weight_buckets(a, sglang_backend.device)
+    async with sglang_backend.serving() as client:
+        version = await client.get_weight_version()
+        await sync_disk([client], a, version + 1, FAST)
+        before = await greedy(client)
+        await release(client, FAST)  # weights, KV cache and CUDA graphs freed
+        await sync_tensor(client, iter(buckets_a), version + 2, FAST, released=True)
+        assert await greedy(client) == before
+        assert await client.get_weight_version() == version + 2
+
+
+@REAL_ONLY
+async def test_release_frees_the_servers_gpu_memory(sglang_backend):
+    a = sglang_backend.checkpoints.a
+    buckets_a = weight_buckets(a, "cuda")  # before measuring: they take GPU memory too
+    async with sglang_backend.serving() as client:
+        version = await client.get_weight_version()
+        before = torch.cuda.mem_get_info(0)[0]  # the server's GPU (base_gpu_id 0)
+        await release(client, FAST)
+        freed = torch.cuda.mem_get_info(0)[0] - before
+        await sync_tensor(client, iter(buckets_a), version + 1, FAST, released=True)
+        still_free = torch.cuda.mem_get_info(0)[0] - before
+    assert freed > 1 << 30, f"release freed {freed / 2**20:.0f} MiB"
+    assert still_free < freed / 2, f"{still_free / 2**20:.0f} of {freed / 2**20:.0f} MiB stayed free after the sync"
 
 
 # -- sync_disk ---------------------------------------------------------------------------------

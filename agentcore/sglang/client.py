@@ -287,7 +287,9 @@ class SGLangClient:
         return True
 
     async def abort_request(self, rid: str | None = None, abort_all: bool = False) -> None:
-        """Abort requests whose rid starts with `rid` (SGLang matches prefixes), or all.
+        """Abort the request `rid`, or all. SGLang's scheduler matches rid prefixes, but its
+        tokenizer manager (0.5.17, one tokenizer worker) forwards only a whole rid it knows, so
+        over HTTP a prefix aborts nothing.
         The client resumes what it sees aborted; to drop a request, cancel its task instead."""
         if rid is None and not abort_all:
             raise ValueError("abort_request needs a rid or abort_all=True")
@@ -380,7 +382,13 @@ class SGLangClient:
         return ServerInfo(version=str(raw.get("version", "")), raw=raw)
 
     async def get_weight_version(self) -> int:
-        raw = await self._get_json("/get_weight_version")
+        """The served weight version. SGLang 0.5.17 answers 404 on `/get_weight_version` and
+        reports the version in `/model_info`; older servers have only the former."""
+        timeout_s = self.config.control_timeout_s
+        response = await self._exchange("GET", "/get_weight_version", retry=True, timeout_s=timeout_s)
+        if response.status_code == 404:
+            response = await self._exchange("GET", "/model_info", retry=True, timeout_s=timeout_s)
+        raw = wire.json_object(response, self.base_url)
         return wire.parse_weight_version(raw.get("weight_version"))
 
     async def _get_json(self, path: str) -> dict[str, Any]:

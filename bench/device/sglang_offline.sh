@@ -4,15 +4,12 @@
 #   run(command="bash bench/device/sglang_offline.sh", carry=[".device", ".sglang/parts/manifest.json", ".sglang/parts/sglang-offline.tar.000"])
 #   run(command="bash bench/device/sglang_offline.sh", carry=[".device", ".sglang/parts/manifest.json", ".sglang/parts/sglang-offline.tar.001"])
 # Build the parts here first (README, "SGLang on an offline GPU machine"): a call carries at most 64 MiB with the
-# checkout, so each carries one part, which this script copies into /tmp/sglang-parts; /tmp stays while the machine
-# is warm (send the next call before it goes idle). Until every part of manifest.json is there, install says which
-# are missing and the script stops; the call that brings the last one installs (< 1 min) and checks (< 2 min).
+# checkout, so each carries one part, which sglang_install.sh copies into /tmp/sglang-parts; /tmp stays while the
+# machine is warm (send the next call before it goes idle). Until every part of manifest.json is there, install says
+# which are missing and the script stops; the call that brings the last one installs (< 1 min) and checks (< 2 min).
 source "$(dirname "$0")/preamble.sh"
-PARTS=/tmp/sglang-parts SITE=/tmp/sglang-site
-mkdir -p $PARTS && cp .sglang/parts/* $PARTS/ && ls -l $PARTS | tail -n +2
-ldd --version | head -1  # the sglang wheel is manylinux_2_34: glibc 2.34 or later
-python3 agentcore/sglang/offline.py install $PARTS --target $SITE || exit 0  # by path: the standard library only
-export PYTHONPATH=$SITE:$PYTHONPATH
+source "$(dirname "$0")/sglang_install.sh"  # the install step, shared with sglang_tests.sh
+export PYTHONPATH=$CUDA_AGENT_SGLANG_PYTHONPATH:$PYTHONPATH
 python3 - <<'PY'
 import importlib, time
 import sgl_kernel, flashinfer, sglang, transformers

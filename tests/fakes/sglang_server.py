@@ -3,7 +3,8 @@
 What it is: enough of SGLang's native API (`/generate` token-in/token-out with logprobs, and the
 control endpoints of SGLang's `http_server.py`) for the client, router and launcher tests, plus
 knobs to misbehave: latency, aborts partway, 500s, 400s, corrupt answers, dying and coming back
-on the same port, pause/continue, weight updates that bump `weight_version`.
+on the same port, pause/continue, weight updates that bump `weight_version` (a disk update
+needs an existing directory).
 What it is not: a model. Token t+1 is `next_token(t)`, its logprob `token_logprob(t+1)`, so the
 same prompt always gives the same continuation and a resumed generation equals an unbroken one.
 
@@ -14,6 +15,7 @@ same prompt always gives the same continuation and a resumed generation equals a
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 import anyio
@@ -317,6 +319,12 @@ class FakeSGLangServer:
         self.released_tags -= set(data.get("tags") or self.released_tags)
         return 200, None
 
+    async def _update_from_disk(self, data: dict[str, Any]) -> tuple[int, Any]:
+        path = str(data.get("model_path") or "")
+        if not os.path.isdir(path):  # as SGLang, which keeps serving the old weights
+            return 400, {"success": False, "message": f"Failed to get weights iterator: no directory {path}"}
+        return await self._update_weights(data)
+
     async def _update_weights(self, data: dict[str, Any]) -> tuple[int, Any]:
         if self.fail_weight_updates:
             return 400, {"success": False, "message": "Failed to update weights (injected)"}
@@ -339,6 +347,9 @@ class FakeSGLangServer:
     async def _weight_version(self, data: Any) -> tuple[int, Any]:
         return 200, {"weight_version": self.weight_version}
 
+    async def _model_info(self, data: Any) -> tuple[int, Any]:
+        return 200, {"model_path": self.model_path, "weight_version": self.weight_version}
+
 
 _ROUTES = {
     "/health_generate": FakeSGLangServer._health,
@@ -349,12 +360,13 @@ _ROUTES = {
     "/continue_generation": FakeSGLangServer._continue,
     "/release_memory_occupation": FakeSGLangServer._release,
     "/resume_memory_occupation": FakeSGLangServer._resume,
-    "/update_weights_from_disk": FakeSGLangServer._update_weights,
+    "/update_weights_from_disk": FakeSGLangServer._update_from_disk,
     "/update_weights_from_tensor": FakeSGLangServer._update_weights,
     "/update_weights_from_distributed": FakeSGLangServer._update_weights,
     "/init_weights_update_group": FakeSGLangServer._init_group,
     "/get_server_info": FakeSGLangServer._server_info,
     "/get_weight_version": FakeSGLangServer._weight_version,
+    "/model_info": FakeSGLangServer._model_info,
 }
 
 
