@@ -287,16 +287,22 @@ async def test_weight_update_payloads_use_sglang_field_names():
     }
 
 
+def start_one(tg, client, n: int) -> list[Any]:
+    """One generation of `n` tokens started in `tg`; its result lands in the returned list."""
+    result: list[Any] = []
+
+    async def one() -> None:
+        result.append(await client.generate(PROMPT, params(n), session_id="s"))
+
+    tg.start_soon(one)
+    return result
+
+
 async def test_pause_then_continue_completes_the_generation(sglang_backend):
     n = sglang_backend.long_budget
     async with sglang_backend.serving() as client:
         async with anyio.create_task_group() as tg:
-            result: list[Any] = []
-
-            async def one() -> None:
-                result.append(await client.generate(PROMPT, params(n), session_id="s"))
-
-            tg.start_soon(one)
+            result = start_one(tg, client, n)
             await wait_running(client)
             await client.pause_generation()  # mode abort: in-flight requests come back aborted
             await wait_until(lambda: client.statistics().resumes >= 1)  # re-sent, held by the pause
@@ -310,12 +316,7 @@ async def test_abort_all_mid_generation_is_resumed_into_one_generation(sglang_ba
     n = sglang_backend.long_budget
     async with sglang_backend.serving() as client:
         async with anyio.create_task_group() as tg:
-            result: list[Any] = []
-
-            async def one() -> None:
-                result.append(await client.generate(PROMPT, params(n), session_id="s"))
-
-            tg.start_soon(one)
+            result = start_one(tg, client, n)
             await wait_running(client)
             await client.abort_request(abort_all=True)
         assert client.statistics().resumes >= 1
