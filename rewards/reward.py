@@ -151,12 +151,8 @@ def score(
     _check_timings(candidate, eager, compiled)
     level = milestone(candidate, eager, compiled, config)
     vs_eager, vs_compile = eager.median_ms / candidate.median_ms, compiled.median_ms / candidate.median_ms
-    if config.mode == "milestone":
-        reward = _milestone_reward(level, config)
-    else:
-        reward = _speedup_reward(vs_eager, vs_compile, config)
     return Score(
-        reward=reward,
+        reward=_reward(level, vs_eager, vs_compile, config),
         milestone=level,
         verdict=verdict,
         candidate=candidate,
@@ -173,6 +169,13 @@ def score(
             "beats_compile": beats(compiled, candidate, config),
         },
     )
+
+
+def _reward(level: int, vs_eager: float, vs_compile: float, config: RewardConfig) -> float:
+    """The reward of a correct candidate under `config.mode`: its milestone's, or the speedups'."""
+    if config.mode == "milestone":
+        return _milestone_reward(level, config)
+    return _speedup_reward(vs_eager, vs_compile, config)
 
 
 def _failed(verdict: Verdict, candidate: Timing | None, eager: Timing | None, compiled: Timing | None,
@@ -195,12 +198,8 @@ def score_paired(verdict: Verdict, paired: PairedTiming | None, config: RewardCo
     _check_timings(candidate, eager, compiled)
     decided = paired_milestone(paired.vs_eager, paired.vs_compile, config.margin)
     vs_eager, vs_compile = paired.vs_eager.estimate, paired.vs_compile.estimate
-    if config.mode == "milestone":
-        reward = _milestone_reward(decided.level, config)
-    else:
-        reward = _speedup_reward(vs_eager, vs_compile, config)
     return Score(
-        reward=reward,
+        reward=_reward(decided.level, vs_eager, vs_compile, config),
         milestone=decided.level,
         verdict=verdict,
         candidate=candidate,

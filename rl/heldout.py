@@ -49,7 +49,7 @@ def expected_labels(cfg: TrainConfig) -> list[str]:
 
 
 def heldout_tasks(cfg: TrainConfig) -> list[Task]:
-    return list(families.split(scale=cfg.data.family_scale, target_ms=cfg.data.family_target_ms).heldout)
+    return list(families.split_for(cfg.data).heldout)
 
 
 def read_rows(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -149,7 +149,7 @@ async def open_run(cfg: TrainConfig) -> AsyncIterator[Run]:
     _check_weight_sync(cfg)
     save_config(cfg, run_dir)  # the ranks read it; also the record of the run
     if cfg.data.tasks == "families":  # which tasks were trained on and which held out
-        families.write_manifest(run_dir, families.split(scale=cfg.data.family_scale, target_ms=cfg.data.family_target_ms))
+        families.write_manifest(run_dir, families.split_for(cfg.data))
     renderer = ChatRenderer(tokenizer, tool_schemas(), cfg.engine.family)
     async with AsyncExitStack() as stack:
         env, scorer, stats = await _kernel_env(cfg, stack)

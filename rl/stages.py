@@ -90,7 +90,7 @@ def training_tasks(cfg: TrainConfig) -> list[Task]:
     if cfg.data.tasks == "demos":
         return [d.task for d in demo_tasks(cfg.data.demos, cfg.data.demo_names)]
     if cfg.data.tasks == "families":
-        return list(families.split(scale=cfg.data.family_scale, target_ms=cfg.data.family_target_ms).train)
+        return list(families.split_for(cfg.data).train)
     tasks, problems = load_tasks(cfg.data.tasks)
     for problem in problems:
         log.error("skipping task: %s", problem)

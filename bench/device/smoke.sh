@@ -15,7 +15,6 @@ if [ "${TEACHERS:-1}" = 1 ]; then
   echo "teachers rc $? at $((SECONDS-T0)) s"
   grep -v "^\s" $OUT/teachers.log | grep -A30 "teachers accepted" | cut -c1-240
 fi
-if [ -n "${ALSO:-}" ]; then bash -c "$ALSO" 2>&1 | tail -${ALSO_TAIL:-15} | cut -c1-300; fi
 [ "${SMOKE:-1}" = 1 ] || exit 0
 timeout ${SMOKE_S:-560} python3 -m agentcore.cli smoke --out /tmp/smoke > $OUT/smoke.log 2>&1; echo "smoke rc $? at $((SECONDS-T0)) s"
 cp /tmp/smoke/metrics.jsonl $OUT/smoke_metrics.jsonl 2>/dev/null

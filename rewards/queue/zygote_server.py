@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import gc
 import importlib
 import os
@@ -234,12 +235,20 @@ def _cuda_touched() -> bool:
     cuInit, cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED (3)."""
     if sys.modules["torch"].cuda.is_initialized():
         return True
-    try:
-        driver = ctypes.CDLL("libcuda.so.1")
-    except OSError:  # no driver on this machine: nothing to initialise
+    driver = _driver()
+    if driver is None:  # no driver on this machine: nothing to initialise
         return False
     count = ctypes.c_int()
     return driver.cuDeviceGetCount(ctypes.byref(count)) != 3
+
+
+@functools.cache
+def _driver() -> ctypes.CDLL | None:
+    """The CUDA driver library, loaded once (loading it initialises nothing); None without one."""
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
 
 
 def _warm_up() -> tuple[float, str]:

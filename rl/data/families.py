@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 import orjson
@@ -34,6 +35,9 @@ from msgspec import Struct
 from agentcore.types import Task
 from rl.data import sizing as sz
 from rl.demonstrations import DemoTask
+
+if TYPE_CHECKING:
+    from rl.config import DataConfig
 
 SIZING = sz.Config()
 """The eager-time target, memory budget and H100 rates the real shapes are sized with."""
@@ -411,6 +415,11 @@ def split(*, scale: float = 1.0, config: sz.Config = SIZING, target_ms: float | 
     train, heldout = specs()
     return Split(version=VERSION, train=tuple(task(s, scale=scale, config=config) for s in train),
                  heldout=tuple(task(s, scale=scale, config=config) for s in heldout))
+
+
+def split_for(data: DataConfig) -> Split:
+    """The split a run's data section names (`data.family_scale`, `data.family_target_ms`)."""
+    return split(scale=data.family_scale, target_ms=data.family_target_ms)
 
 
 def family_demos(tasks: tuple[Task, ...] | list[Task]) -> list[DemoTask]:
