@@ -19,10 +19,9 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import msgspec
-import orjson
+from msgspec import Struct
 
 from agentcore.orchestrator import WorkItem
 from agentcore.types import Task
@@ -52,15 +51,39 @@ def heldout_tasks(cfg: TrainConfig) -> list[Task]:
     return list(families.split_for(cfg.data).heldout)
 
 
-def read_rows(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The rows of RUN/heldout.jsonl (a torn last line is skipped)."""
-    return read_jsonl(Path(run_dir) / FILE)
+class Row(Struct, frozen=True, kw_only=True):
+    """One held-out evaluation: a line of RUN/heldout.jsonl."""
+
+    label: str
+    weight_version: int
+    tasks: int
+    trajectories: int
+    pass_rate: float
+    reward_mean: float | None
+    """None when nothing was scored."""
+    faster_than_eager_rate: float
+    scored: float
+    parse_error_rate: float | None
+    turns_mean: float | None
+    by_task: dict[str, list[float | None]]
+    """Each task's trajectory rewards (None: not scored)."""
 
 
-async def evaluate(run: Run, label: str, *, version: int) -> dict[str, Any] | None:
+def read_rows(run_dir: str | Path) -> list[Row]:
+    """The rows of RUN/heldout.jsonl (a torn last line, or one that is not a row, is skipped)."""
+    rows = []
+    for raw in read_jsonl(Path(run_dir) / FILE):
+        try:
+            rows.append(msgspec.convert(raw, Row))
+        except msgspec.ValidationError:
+            continue
+    return rows
+
+
+async def evaluate(run: Run, label: str, *, version: int) -> Row | None:
     """Evaluate the held-out split now and append the row; None when disabled or already done."""
     cfg = run.cfg
-    if not enabled(cfg) or any(r.get("label") == label for r in read_rows(run.run_dir)):
+    if not enabled(cfg) or any(r.label == label for r in read_rows(run.run_dir)):
         return None
     items = [WorkItem(task=t, group_id=f"{t.task_id}@heldout", samples=cfg.data.heldout_samples)
              for t in heldout_tasks(cfg)]
@@ -70,32 +93,32 @@ async def evaluate(run: Run, label: str, *, version: int) -> dict[str, Any] | No
     by_task: dict[str, list[float | None]] = {}
     for t in trajs:
         by_task.setdefault(t.task_id, []).append(t.reward)
-    row = {
-        "label": label,
-        "weight_version": version,
-        "tasks": len(items),
-        "trajectories": len(trajs),
-        "pass_rate": figures.get("pass_rate", 0.0),
-        "reward_mean": figures.get("reward_mean"),
-        "faster_than_eager_rate": figures.get("faster_than_eager_rate", 0.0),
-        "scored": figures.get("scored", 0.0),
-        "parse_error_rate": figures.get("parse_error_rate"),
-        "turns_mean": figures.get("turns_mean"),
-        "by_task": by_task,
-    }
+    row = Row(
+        label=label,
+        weight_version=version,
+        tasks=len(items),
+        trajectories=len(trajs),
+        pass_rate=figures.get("pass_rate", 0.0),
+        reward_mean=figures.get("reward_mean"),
+        faster_than_eager_rate=figures.get("faster_than_eager_rate", 0.0),
+        scored=figures.get("scored", 0.0),
+        parse_error_rate=figures.get("parse_error_rate"),
+        turns_mean=figures.get("turns_mean"),
+        by_task=by_task,
+    )
     with (run.run_dir / FILE).open("ab") as f:
-        f.write(orjson.dumps(row) + b"\n")
+        f.write(msgspec.json.encode(row) + b"\n")
     return row
 
 
-def table(rows: list[dict[str, Any]]) -> str:
+def table(rows: list[Row]) -> str:
     """The rows as a small text table: pass rate, mean reward, share faster than eager."""
     lines = [f"{'held-out':<12} {'pass rate':>9} {'mean reward':>11} {'faster than eager':>17} {'trajectories':>12}"]
     for r in rows:
-        mean = "-" if r.get("reward_mean") is None else f"{r['reward_mean']:+.3f}"
-        lines.append(f"{r['label']:<12} {100 * r['pass_rate']:>8.1f}% {mean:>11} "
-                     f"{100 * r['faster_than_eager_rate']:>16.1f}% {r['trajectories']:>12}")
+        mean = "-" if r.reward_mean is None else f"{r.reward_mean:+.3f}"
+        lines.append(f"{r.label:<12} {100 * r.pass_rate:>8.1f}% {mean:>11} "
+                     f"{100 * r.faster_than_eager_rate:>16.1f}% {r.trajectories:>12}")
     return "\n".join(lines)
 
 
-__all__ = ["AFTER", "FILE", "enabled", "evaluate", "expected_labels", "heldout_tasks", "read_rows", "table"]
+__all__ = ["AFTER", "FILE", "Row", "enabled", "evaluate", "expected_labels", "heldout_tasks", "read_rows", "table"]

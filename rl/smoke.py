@@ -34,6 +34,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import orjson
 
 from agentcore import runtime
@@ -107,7 +108,7 @@ def main(argv: list[str]) -> int:
     if not gpu:
         print(CPU_CANNOT_SHOW.format(rft=cfg.steps.rft))
     summary = {"gpu": gpu, "wall_s": wall_s, "steps": len(rows), "recipe": cfg.recipe, "passed": passed,
-               "verdict": verdict, "rows": rows, "heldout": read_heldout(out)}
+               "verdict": verdict, "rows": rows, "heldout": msgspec.to_builtins(read_heldout(out))}
     (out / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
     return 0 if passed else 1
 
@@ -139,7 +140,7 @@ def smoke_verdict(cfg: TrainConfig, rows: list[dict[str, Any]], run_dir: Path) -
         missing.append(f"latest checkpoint {ckpt}, not step_{planned:06d}")
     if cfg.checkpoint.export_hf and not exported:
         missing.append(f"no Hugging Face export in {run_dir / 'hf'}")
-    held = {r.get("label") for r in read_rows(run_dir)}
+    held = {r.label for r in read_rows(run_dir)}
     wanted = expected_labels(cfg) if enabled(cfg) else []
     if absent := [label for label in wanted if label not in held]:
         missing.append(f"no held-out evaluation {', '.join(absent)}")

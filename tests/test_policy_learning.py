@@ -20,13 +20,13 @@ from bench.system.policy_learning import (
     verdicts,
 )
 from rl.config import apply_overrides
-from rl.heldout import read_rows
+from rl.heldout import Row, read_rows
 from rl.recipes import smoke, smoke_cpu
 
 
-def _row(label: str, reward: float | None, pass_rate: float) -> dict:
-    return {"label": label, "reward_mean": reward, "pass_rate": pass_rate, "faster_than_eager_rate": 0.0,
-            "trajectories": 17}
+def _row(label: str, reward: float | None, pass_rate: float) -> Row:
+    return Row(label=label, weight_version=0, tasks=17, trajectories=17, pass_rate=pass_rate, reward_mean=reward,
+               faster_than_eager_rate=0.0, scored=17.0, parse_error_rate=0.0, turns_mean=4.0, by_task={})
 
 
 def _seed(seed: int, rft_pass: float, ppo: float, control: float) -> SeedResult:
@@ -89,4 +89,4 @@ def test_one_seed_of_plumbing_on_the_cpu(tmp_path: Path):
     assert "NOT met" in (tmp_path / "learning.md").read_text()
     assert (tmp_path / "learning.png").stat().st_size > 0
     control = read_rows(tmp_path / "seed0" / "control")
-    assert [r["label"] for r in control] == ["before_ppo", "after_ppo"]
+    assert [r.label for r in control] == ["before_ppo", "after_ppo"]

@@ -35,7 +35,7 @@ from msgspec import Struct
 
 from agentcore import runtime
 from rl.config import TrainConfig, apply_overrides
-from rl.heldout import read_rows
+from rl.heldout import Row, read_rows
 from rl.recipes import smoke, smoke_cpu
 from rl.stages import stage_plan
 from rl.train import mark_run, run_training
@@ -54,8 +54,8 @@ class SeedResult(Struct, kw_only=True):
     """The held-out rows of one seed's two runs, by label."""
 
     seed: int
-    ppo: dict[str, dict[str, Any]]
-    control: dict[str, dict[str, Any]]
+    ppo: dict[str, Row]
+    control: dict[str, Row]
     wall_s: float
 
 
@@ -77,7 +77,7 @@ def run_seed(base: TrainConfig, out: Path, seed: int, overrides: list[str]) -> S
     t0 = time.monotonic()
     ppo, control = seed_configs(base, out, seed, overrides)
     for cfg in (ppo, control):
-        if not any(r.get("label") == "after_ppo" for r in read_rows(cfg.run_dir)):
+        if not any(r.label == "after_ppo" for r in read_rows(cfg.run_dir)):
             _train(cfg)
     return SeedResult(seed=seed, ppo=_by_label(ppo.run_dir), control=_by_label(control.run_dir),
                       wall_s=time.monotonic() - t0)
@@ -93,8 +93,8 @@ def _train(cfg: TrainConfig) -> None:
     runtime.run(run_training, cfg)
 
 
-def _by_label(run_dir: str | Path) -> dict[str, dict[str, Any]]:
-    return {r["label"]: r for r in read_rows(run_dir)}
+def _by_label(run_dir: str | Path) -> dict[str, Row]:
+    return {r.label: r for r in read_rows(run_dir)}
 
 
 def mean_se(xs: list[float]) -> tuple[float, float]:
@@ -111,7 +111,7 @@ def verdicts(results: list[SeedResult]) -> dict[str, Any]:
     done = [r for r in results if "after_ppo" in r.ppo and "after_ppo" in r.control]
     diffs = [_reward(r.ppo["after_ppo"]) - _reward(r.control["after_ppo"]) for r in done]
     mean, se = mean_se(diffs)
-    after_rft = [r.ppo["after_rft"]["pass_rate"] for r in results if "after_rft" in r.ppo]
+    after_rft = [r.ppo["after_rft"].pass_rate for r in results if "after_rft" in r.ppo]
     return {
         "seeds": len(results), "seeds_complete": len(done),
         "after_rft_pass_rate": mean_se(after_rft)[0] if after_rft else None,
@@ -121,9 +121,9 @@ def verdicts(results: list[SeedResult]) -> dict[str, Any]:
     }
 
 
-def _reward(row: dict[str, Any]) -> float:
+def _reward(row: Row) -> float:
     """Held-out mean reward of a row; an evaluation with nothing scored counts as all failed (-1)."""
-    return -1.0 if row.get("reward_mean") is None else float(row["reward_mean"])
+    return -1.0 if row.reward_mean is None else row.reward_mean
 
 
 def markdown(results: list[SeedResult], policy: str, v: dict[str, Any]) -> str:
@@ -149,10 +149,10 @@ def markdown(results: list[SeedResult], policy: str, v: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _cell(row: dict[str, Any] | None) -> str:
+def _cell(row: Row | None) -> str:
     if row is None:
         return "-"
-    return f"{_reward(row):+.3f} / {100 * row['pass_rate']:.0f}%"
+    return f"{_reward(row):+.3f} / {100 * row.pass_rate:.0f}%"
 
 
 def plot(results: list[SeedResult], path: Path) -> Path | None:
@@ -172,7 +172,7 @@ def plot(results: list[SeedResult], path: Path) -> Path | None:
             ys = []
             for _, run, label in points:
                 row = getattr(r, run).get(label)
-                ys.append(math.nan if row is None else (_reward(row) if key == "reward" else row["pass_rate"]))
+                ys.append(math.nan if row is None else (_reward(row) if key == "reward" else row.pass_rate))
             ax.plot(range(len(points)), ys, marker="o", label=f"seed {r.seed}")
         ax.set_xticks(range(len(points)), [p[0] for p in points])
         ax.set_title(title)
