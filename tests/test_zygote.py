@@ -253,6 +253,23 @@ def test_a_failed_or_threaded_warm_up_is_a_message_not_a_dead_zygote(monkeypatch
         release.set()
 
 
+def test_the_zygote_leaves_nvml_as_it_found_it():
+    class Nvml:
+        def __init__(self, inits: int) -> None:
+            self.inits = inits
+
+        def nvmlShutdown(self) -> int:
+            if self.inits == 0:
+                return 1  # NVML_ERROR_UNINITIALIZED
+            self.inits -= 1
+            return 0
+
+    nvml = Nvml(inits=3)
+    assert zygote_server._release_nvml(nvml) == 3 and nvml.inits == 0
+    assert zygote_server._release_nvml(nvml) == 0
+    assert zygote_server._release_nvml(None) == 0
+
+
 CUDA_TOUCHED = """
 import sys
 from rewards.queue import zygote_server

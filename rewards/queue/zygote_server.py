@@ -259,6 +259,27 @@ def _driver() -> ctypes.CDLL | None:
         return None
 
 
+@functools.cache
+def _nvml() -> ctypes.CDLL | None:
+    """The NVML library (loading it initialises nothing); None without one."""
+    try:
+        return ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+
+
+def _release_nvml(nvml, most: int = 1000) -> int:
+    """Shut NVML down as often as it was initialised (torch's NVML device count initialises it at
+    each call and never shuts it down): a child must not inherit an initialised NVML whose device
+    fds `_place_fds` then closes. Returns the shutdowns that released something."""
+    if nvml is None:
+        return 0
+    for done in range(most):
+        if nvml.nvmlShutdown() != 0:  # NVML_ERROR_UNINITIALIZED: the count is down to zero
+            return done
+    return most
+
+
 def _warm_up() -> tuple[float, str]:
     """rewards.queue.compile_warmup.warm_up, timed. Its failure is a message, never the end of the
     zygote: the children then import and hash on their first compile, as without it."""
@@ -278,13 +299,14 @@ def _warm_up() -> tuple[float, str]:
 def preload(warm_up: bool = True) -> tuple[float, str]:
     """What the zygote holds before its first fork: NVML_CHECK in its environment (torch reads it
     at each `is_available()`), PRELOAD imported, the compile warm-up paid (unless `warm_up` is
-    False), the collector's view frozen. Returns the warm-up's ms and error. The forked children
-    do not keep NVML_CHECK: `_run_child` gives each exactly the worker's environment, as a spawned
-    child has, and a child initialises CUDA anyway."""
+    False), NVML shut down again (`_release_nvml`), the collector's view frozen. Returns the
+    warm-up's ms and error. The forked children do not keep NVML_CHECK: `_run_child` gives each
+    exactly the worker's environment, as a spawned child has, and a child initialises CUDA anyway."""
     os.environ.update(NVML_CHECK)
     for name in PRELOAD:
         importlib.import_module(name)
     warmed = _warm_up() if warm_up else (0.0, "")
+    _release_nvml(_nvml())
     gc.freeze()  # children copy fewer pages: the collector leaves the preloaded objects alone
     return warmed
 
