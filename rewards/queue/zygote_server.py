@@ -6,8 +6,8 @@ to `main` here). It imports PRELOAD once and pays the one-time imports and sourc
 first torch.compile (rewards.queue.compile_warmup), all WITHOUT initialising CUDA, says `Ready`,
 then serves the socket. Should the warm-up have touched the CUDA driver after all, the zygote
 re-executes itself (same pid, same socket) without it and says so in `Ready.warm_up_error`: it
-never ends up worse than without the warm-up. It serves thus: for each `Fork` (module, argv, cwd, environment, resource limits; the
-log and channel fds attached with SCM_RIGHTS) it forks a fresh child, which puts those fds at the
+never ends up worse than without the warm-up. It serves thus: for each `Fork` (module, argv,
+cwd, environment, resource limits; the log and channel fds attached with SCM_RIGHTS) it forks a fresh child, which puts those fds at the
 numbers the worker gave them, takes its own process group, chdirs, applies the limits and runs
 the module's `main(argv)`, exactly what `python -m <module> <argv>` runs; each child's exit is
 reported back as `Exited`. This module also owns that wire protocol (the Structs below), which
