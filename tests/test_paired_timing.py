@@ -40,6 +40,7 @@ from rewards.timing.paired import (
     run_rounds,
     samples_per_round,
     stop_reason,
+    subject_warmup_s,
 )
 from rewards.timing.profile import (
     CACHED_NOTE,
@@ -51,7 +52,7 @@ from rewards.timing.profile import (
     time_request_decoder,
     to_profile_result,
 )
-from rewards.timing.sampling import METHOD_EVENT, Run, Sample, TimingConfig, WarmUp, summarize
+from rewards.timing.sampling import METHOD_EVENT, Run, Sample, TimingConfig, WarmUp, summarize, warm_up
 from rewards.verdict import Timing, Verdict, VerdictStatus, reward_info, score_decoder
 from rewards.verify.wire import Load
 
@@ -413,6 +414,45 @@ def test_measure_paired_times_every_subject_in_rounds_and_reports_why_no_graph(m
     assert m.launch_ratio == pytest.approx(0.9) and m.timing.host_ratio == pytest.approx(1.3 / 1.32, rel=0.01)
     assert m.graph_info_ms is None and m.graph_info_error  # launch-bound, but no CUDA here to capture a graph
     assert decode(encode(timing), PairedTiming) == timing
+
+
+def test_only_the_first_subject_warms_up_by_the_timing_config():
+    timing, paired = TimingConfig(warmup_s=0.2), PairedConfig(subject_warmup_ms=20.0)
+    assert [subject_warmup_s(timing, paired, k) for k in range(3)] == [0.2, 0.02, 0.02]
+    assert subject_warmup_s(TimingConfig(warmup_s=0.01), paired, 1) == 0.01  # never longer than the first
+
+
+def test_a_later_subject_warms_up_in_a_few_calls_of_its_own_length():
+    """A 2.67 ms call, 2.8 ms a sample with the flush and the synchronize: 73 calls for the first
+    subject, 9 for each later one; a 1 s call makes warmup_min_calls calls either way."""
+    timing, paired = TimingConfig(), PairedConfig()
+
+    def calls(call_ms: float, position: int) -> int:
+        now = [0.0]
+
+        def sample(i: int) -> Sample:
+            now[0] += call_ms / 1e3 + 0.13e-3
+            return Sample(device_ms=call_ms, host_ms=call_ms + 0.13)
+
+        config = msgspec.structs.replace(timing, warmup_s=subject_warmup_s(timing, paired, position))
+        return warm_up(sample, config, clock=lambda: now[0]).calls
+
+    assert (calls(2.67, 0), calls(2.67, 1), calls(2.67, 2)) == (73, 9, 9)
+    assert calls(1000.0, 0) == calls(1000.0, 1) == timing.warmup_min_calls
+
+
+def test_measure_paired_warms_up_the_first_subject_by_time_and_the_rest_briefly(monkeypatch):
+    from rewards.timing import paired_timer
+
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(
+        cuda=types.SimpleNamespace(Device=lambda i: contextlib.nullcontext())))
+    monkeypatch.setattr(paired_timer, "Gpu", FakeGpu)
+    calls = [paired_timer.PairedCall(role, "", lambda x, ms=ms: ms)
+             for role, ms in (("candidate", 1.0), ("eager", 1.3), ("compile", 1.1))]
+    timing = paired_timer.measure_paired(calls, lambda i: (i,), TimingConfig(warmup_s=0.1, graph="never"),
+                                         PairedConfig(subject_warmup_ms=1.0))
+    first, *rest = [s.measurement.warmup_s for s in timing.subjects]
+    assert first >= 0.1 and all(0.001 <= s < 0.1 for s in rest), (first, rest)
 
 
 # --- the stability bench's summaries ---------------------------------------------------------------

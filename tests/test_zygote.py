@@ -13,6 +13,7 @@ import logging
 import os
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -250,6 +251,93 @@ def test_a_failed_or_threaded_warm_up_is_a_message_not_a_dead_zygote(monkeypatch
         assert zygote_server._warm_up()[1] == "the warm-up left 1 thread(s) running"
     finally:
         release.set()
+
+
+def test_the_zygote_leaves_nvml_as_it_found_it():
+    class Nvml:
+        def __init__(self, inits: int) -> None:
+            self.inits = inits
+
+        def nvmlShutdown(self) -> int:
+            if self.inits == 0:
+                return 1  # NVML_ERROR_UNINITIALIZED
+            self.inits -= 1
+            return 0
+
+    nvml = Nvml(inits=3)
+    assert zygote_server._release_nvml(nvml) == 3 and nvml.inits == 0
+    assert zygote_server._release_nvml(nvml) == 0
+    assert zygote_server._release_nvml(None) == 0
+
+
+CUDA_TOUCHED = """
+import sys
+from rewards.queue import zygote_server
+
+class Touched:  # the driver answers as after cuInit
+    def cuDeviceGetCount(self, count):
+        return 0
+
+zygote_server._driver = lambda: Touched()
+zygote_server.WARM_UP = {warm_up}
+sys.exit(zygote_server.main(sys.argv[1:]))
+"""
+
+
+def _zygote_with_cuda_touched(tmp_path: Path, warm_up: bool) -> zygote_server.Ready:
+    """Start a zygote whose driver probe says CUDA is touched once it has preloaded; its Ready."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    argv = [sys.executable, "-c", CUDA_TOUCHED.format(warm_up=warm_up), "--socket-fd", str(theirs.fileno()),
+            "--parent-pid", str(os.getpid())]
+    process = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), cwd=tmp_path, stdin=subprocess.DEVNULL)
+    theirs.close()
+    try:
+        ours.settimeout(zygote.START_TIMEOUT_S)
+        ready = zygote_server.reply_decoder.decode(ours.recv(zygote_server.MAX_MESSAGE))
+        assert ready.pid == process.pid  # a restart replaces the process image, not the process
+        ours.close()  # the zygote serves until its socket closes
+        assert process.wait(timeout=60) == 0
+        return ready
+    finally:
+        ours.close()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_a_warm_up_that_touched_cuda_costs_a_restart_without_it(tmp_path):
+    """The restarted zygote skips the warm-up, probes the real driver (none here, or untouched),
+    and reports why it restarted."""
+    ready = _zygote_with_cuda_touched(tmp_path, warm_up=True)
+    assert (ready.cuda_initialized, ready.warm_up_ms) == (False, 0.0), ready
+    assert ready.warm_up_error == zygote_server.WARM_UP_TOUCHED_CUDA
+
+
+def test_cuda_touched_without_the_warm_up_is_reported_not_restarted(tmp_path):
+    ready = _zygote_with_cuda_touched(tmp_path, warm_up=False)
+    assert (ready.cuda_initialized, ready.warm_up_error) == (True, ""), ready
+
+
+def test_the_warm_up_error_is_logged_once_per_worker(tmp_path, monkeypatch, caplog):
+    def start(self, timeout_s=0.0):
+        self.process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        return zygote_server.Ready(pid=self.process.pid, threads=1, cuda_initialized=False,
+                                   warm_up_error=zygote_server.WARM_UP_TOUCHED_CUDA)
+
+    def fork(self, module, args, **kwargs):
+        return zygote.ForkedProcess(self, 0, args)
+
+    zygote.shutdown()
+    monkeypatch.setattr(zygote, "_warm_up_errors", set())
+    monkeypatch.setattr(zygote.Zygote, "start", start)
+    monkeypatch.setattr(zygote.Zygote, "fork", fork)
+    try:
+        with caplog.at_level(logging.WARNING, logger="rewards.queue.zygote"):
+            for env in ({"A": "1"}, {"A": "2"}):  # a new environment: a new zygote
+                zygote.launch("rewards.verify.candidate", [], cwd=tmp_path, env=env, log_fd=1, pass_fds=())
+    finally:
+        zygote.shutdown()
+    assert caplog.text.count(zygote_server.WARM_UP_TOUCHED_CUDA) == 1
 
 
 CHILD_COMPILES = """

@@ -3,18 +3,19 @@ hash, done once before the fork.
 
 What it is: `warm_up()`, run by rewards.queue.zygote_server after its PRELOAD imports and before
 it forks. It imports the Inductor, AOTAutograd and Dynamo-backend modules that
-`torch.compile(model)`, `torch.compiler.load_cache_artifacts` and a first compile load lazily
-(`torch.compile(model)` alone, which traces nothing, spent 0.5-1.8 s on them in a fresh process on
-a CPU), registers Inductor's device backends, and computes the two source hashes in Inductor's cache keys
-(`torch_key`: torch's Python files; `triton_key`: Triton's, its libtriton among them). The
-process caches both, and every child inherits them.
+`torch.compile(model)`, `torch.compiler.load_cache_artifacts` and a first compile (a cache hit
+included) load lazily (`torch.compile(model)` alone, which traces nothing, spent 0.5-1.8 s on
+them in a fresh process on a CPU), registers Inductor's device backends, and computes the two
+source hashes in Inductor's cache keys (`torch_key`: torch's Python files; `triton_key`: Triton's,
+its libtriton among them). The process caches both, and every child inherits them.
 
 What it is not: it compiles nothing. A Dynamo trace on a CUDA build calls
 `torch.cuda.is_available()` (cudaGetDeviceCount, which initialises the CUDA driver without
 `torch.cuda.is_initialized()` noticing, and a child forked after that cannot use CUDA) and
 reads the CUDA RNG state (which initialises CUDA); `torch._dynamo.reset()` calls
 `is_available()` too. So nothing here traces, resets or touches a device: imports and file
-hashes only. It starts no thread or process and writes no file: Inductor's cache directory
+hashes only; should an import touch the driver all the same, the zygote restarts without the
+warm-up (rewards.queue.zygote_server). It starts no thread or process and writes no file: Inductor's cache directory
 (under TMPDIR, which the PRELOAD imports already create) stays empty. Inductor's config,
 `compile_threads` included, is read from the zygote's environment, the one its children get.
 """
@@ -31,11 +32,23 @@ MODULES = (
     "torch._functorch._aot_autograd.autograd_cache",  # the cache a recorded compile hits
     "torch.compiler._cache",  # torch.compiler.load_cache_artifacts
 )
+FIRST_CALL_MODULES = (  # what a first compiled call served from the cache still imported (30-40 ms)
+    "torch._dynamo.dce_extra_outputs",
+    "torch._functorch._aot_autograd.subclass_codegen",
+    "torch._higher_order_ops.passes.inline_invoke_subgraph",
+    "torch._inductor.codegen.memory_planning",
+    "torch._inductor.hooks",
+    "torch._subclasses.schema_check_mode",
+    "torch.distributed.tensor.experimental",
+    "torch.export._trace",
+    "torch.fx.experimental.validator",
+)
 
 
 def warm_up() -> None:
     """Import MODULES and Dynamo's backends, register Inductor's device backends, hash the
-    sources in Inductor's cache keys. Raises what an import raises."""
+    sources in Inductor's cache keys, import FIRST_CALL_MODULES (those this torch has). Raises
+    what an import raises."""
     import torch
 
     for name in MODULES:
@@ -47,3 +60,8 @@ def warm_up() -> None:
     init_backend_registration()  # what the first compile registers, for every device type
     codecache.torch_key()
     codecache.triton_key()  # None without Triton
+    for name in FIRST_CALL_MODULES:  # private modules: another torch may have moved them
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError:
+            pass

@@ -12,7 +12,8 @@ initialisation and everything after it happen in the forked child. This saves th
 interpreter start and imports (1.5-2.5 s of a verify job, ~2 s of a profile job).
 
 What it is not: the zygote process itself (its serve loop, the fork, the child's fd placement and
-the wire protocol are rewards.queue.zygote_server; this module's `__main__` only hands over to it). It is
+the wire protocol are rewards.queue.zygote_server, which also restarts the zygote without its
+warm-up should that touch CUDA, and says so in Ready; this module's `__main__` only hands over to it). It is
 not the worker's `--fork-per-job` zygote: that one forks handlers from the worker, which is
 trusted; in fork-per-job mode the job process dies after each job and takes this zygote with it.
 
@@ -188,6 +189,7 @@ class Zygote:
 
 _lock = threading.Lock()
 _current: Zygote | None = None
+_warm_up_errors: set[str] = set()  # those logged
 
 
 def launch(module: str, args: Sequence[str], *, cwd, env: Mapping[str, str], log_fd: int,
@@ -207,7 +209,8 @@ def launch(module: str, args: Sequence[str], *, cwd, env: Mapping[str, str], log
                     ready = zygote.start()
                     logger.info("zygote %d started (%d threads after its imports, compile warm-up %.0f ms)",
                                 ready.pid, ready.threads, ready.warm_up_ms)
-                    if ready.warm_up_error:
+                    if ready.warm_up_error and ready.warm_up_error not in _warm_up_errors:
+                        _warm_up_errors.add(ready.warm_up_error)  # once per worker, not per restart
                         logger.warning("zygote %d: compile warm-up failed, children compile cold: %s",
                                        ready.pid, ready.warm_up_error)
                 except (OSError, ConnectionResetError, msgspec.DecodeError) as exc:

@@ -4,8 +4,10 @@ What it is: the process side of rewards.queue.zygote, started by `Zygote.start` 
 `python -P -s -m rewards.queue.zygote --socket-fd N --parent-pid P` (that module's `__main__` hands over
 to `main` here). It imports PRELOAD once and pays the one-time imports and source hashes of a
 first torch.compile (rewards.queue.compile_warmup), all WITHOUT initialising CUDA, says `Ready`,
-then serves the socket: for each `Fork` (module, argv, cwd, environment, resource limits; the
-log and channel fds attached with SCM_RIGHTS) it forks a fresh child, which puts those fds at the
+then serves the socket. Should the warm-up have touched the CUDA driver after all, the zygote
+re-executes itself (same pid, same socket) without it and says so in `Ready.warm_up_error`: it
+never ends up worse than without the warm-up. It serves thus: for each `Fork` (module, argv,
+cwd, environment, resource limits; the log and channel fds attached with SCM_RIGHTS) it forks a fresh child, which puts those fds at the
 numbers the worker gave them, takes its own process group, chdirs, applies the limits and runs
 the module's `main(argv)`, exactly what `python -m <module> <argv>` runs; each child's exit is
 reported back as `Exited`. This module also owns that wire protocol (the Structs below), which
@@ -39,11 +41,17 @@ from collections.abc import Sequence
 import msgspec
 from msgspec import Struct
 
-WARM_UP = False
-"""Run rewards.queue.compile_warmup before the first fork. Off: on an H200 it initialised the CUDA
-driver (some call asked for the device count), `_cuda_touched` then refused every fork and the
-children were spawned instead, ~12 s each. `python -m bench.system.compile_warmup --device cuda`
-measures it once that is found and fixed."""
+WARM_UP = True
+"""Run rewards.queue.compile_warmup before the first fork. Its imports may ask whether CUDA is
+there (`torch.cuda.is_available()`); `preload` has torch answer that from NVML, and a warm-up that
+touches the driver anyway costs a restart without it (`main`), never a zygote that cannot fork.
+`python -m bench.system.compile_warmup --device cuda` measures what it saves."""
+NVML_CHECK = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+"""The zygote's `torch.cuda.is_available()` counts devices with NVML instead of cudaGetDeviceCount,
+which initialises the CUDA driver (cuInit) and so spoils every later fork. `device_count()` counts
+with NVML before CUDA is initialised anyway; torch falls back to cudaGetDeviceCount only where NVML
+fails (no libnvidia-ml, MIG UUIDs in CUDA_VISIBLE_DEVICES), which `main` then catches."""
+WARM_UP_TOUCHED_CUDA = "the compile warm-up touched the CUDA driver; restarted without it"
 PRELOAD = ("torch", "torch._dynamo", "torch.profiler", "rewards.verify.candidate", "rewards.timing.profile_child")
 CHILD_MODULES = ("rewards.verify.candidate", "rewards.timing.profile_child")
 MAX_MESSAGE = 1 << 18  # one Fork: argv, env, limits (a few KiB)
@@ -68,7 +76,7 @@ class Ready(Struct, frozen=True, kw_only=True, tag="ready"):
     threads: int
     cuda_initialized: bool
     warm_up_ms: float = 0.0
-    warm_up_error: str = ""  # the warm-up failed or left threads: children compile cold
+    warm_up_error: str = ""  # the warm-up failed, left threads or touched CUDA: children compile cold
 
 
 class Forked(Struct, frozen=True, kw_only=True, tag="forked"):
@@ -251,6 +259,27 @@ def _driver() -> ctypes.CDLL | None:
         return None
 
 
+@functools.cache
+def _nvml() -> ctypes.CDLL | None:
+    """The NVML library (loading it initialises nothing); None without one."""
+    try:
+        return ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+
+
+def _release_nvml(nvml, most: int = 1000) -> int:
+    """Shut NVML down as often as it was initialised (torch's NVML device count initialises it at
+    each call and never shuts it down): a child must not inherit an initialised NVML whose device
+    fds `_place_fds` then closes. Returns the shutdowns that released something."""
+    if nvml is None:
+        return 0
+    for done in range(most):
+        if nvml.nvmlShutdown() != 0:  # NVML_ERROR_UNINITIALIZED: the count is down to zero
+            return done
+    return most
+
+
 def _warm_up() -> tuple[float, str]:
     """rewards.queue.compile_warmup.warm_up, timed. Its failure is a message, never the end of the
     zygote: the children then import and hash on their first compile, as without it."""
@@ -268,11 +297,16 @@ def _warm_up() -> tuple[float, str]:
 
 
 def preload(warm_up: bool = True) -> tuple[float, str]:
-    """What the zygote holds before its first fork: PRELOAD imported, the compile warm-up paid
-    (unless `warm_up` is False), the collector's view frozen. Returns the warm-up's ms and error."""
+    """What the zygote holds before its first fork: NVML_CHECK in its environment (torch reads it
+    at each `is_available()`), PRELOAD imported, the compile warm-up paid (unless `warm_up` is
+    False), NVML shut down again (`_release_nvml`), the collector's view frozen. Returns the
+    warm-up's ms and error. The forked children do not keep NVML_CHECK: `_run_child` gives each
+    exactly the worker's environment, as a spawned child has, and a child initialises CUDA anyway."""
+    os.environ.update(NVML_CHECK)
     for name in PRELOAD:
         importlib.import_module(name)
     warmed = _warm_up() if warm_up else (0.0, "")
+    _release_nvml(_nvml())
     gc.freeze()  # children copy fewer pages: the collector leaves the preloaded objects alone
     return warmed
 
@@ -282,12 +316,28 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rewards.queue.zygote", description=__doc__.split("\n")[0])
     parser.add_argument("--socket-fd", type=int, required=True)
     parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--warm-up-failed", default="", help="skip the warm-up; Ready reports this as its error")
     args = parser.parse_args(argv)
     _die_with(args.parent_pid)
-    sock = socket.socket(fileno=args.socket_fd)
-    warm_up_ms, warm_up_error = preload(warm_up=WARM_UP)
+    warm_up = WARM_UP and not args.warm_up_failed
+    warm_up_ms, warm_up_error = preload(warm_up=warm_up)
     cuda_initialized = _cuda_touched()
+    if cuda_initialized and warm_up:  # the warm-up may be to blame: try once without it
+        _restart(args.socket_fd, args.parent_pid, WARM_UP_TOUCHED_CUDA)
+    sock = socket.socket(fileno=args.socket_fd)
     sock.send(encode(Ready(pid=os.getpid(), threads=_threads(), cuda_initialized=cuda_initialized,
-                           warm_up_ms=warm_up_ms, warm_up_error=warm_up_error)))
+                           warm_up_ms=warm_up_ms, warm_up_error=warm_up_error or args.warm_up_failed)))
     return serve(sock)
+
+
+def _restart(socket_fd: int, parent_pid: int, reason: str) -> None:
+    """Replace this process by a fresh zygote that skips the warm-up (`--warm-up-failed reason`):
+    same pid (the worker's Popen and PR_SET_PDEATHSIG hold), same socket, nothing of this
+    process's imports or CUDA state. A zygote that finds CUDA touched without the warm-up reports
+    it in Ready instead, and the worker spawns its children."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os.set_inheritable(socket_fd, True)
+    os.execv(sys.executable, [sys.executable, "-P", "-s", "-m", "rewards.queue.zygote", "--socket-fd", str(socket_fd),
+                              "--parent-pid", str(parent_pid), "--warm-up-failed", reason])
 

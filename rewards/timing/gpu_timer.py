@@ -18,6 +18,8 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import msgspec
+
 from rewards.timing import stats
 from rewards.timing.sampling import (
     METHOD_EVENT,
@@ -221,8 +223,10 @@ class SubjectTimer:
     def event_sample(self, i: int) -> Sample:
         return self.gpu.timed(functools.partial(self.fn, *self.pool[i % len(self.pool)]))
 
-    def warm_up(self) -> WarmUp:
-        self.warm = warm_up(self.event_sample, self.config, clock_ready=self.gpu.clock_ready(self.config))
+    def warm_up(self, warmup_s: float | None = None) -> WarmUp:
+        """`rewards.timing.sampling.warm_up` in event mode, for `warmup_s` (default: the config's)."""
+        config = self.config if warmup_s is None else msgspec.structs.replace(self.config, warmup_s=warmup_s)
+        self.warm = warm_up(self.event_sample, config, clock_ready=self.gpu.clock_ready(config))
         return self.warm
 
     def capture(self) -> None:

@@ -34,7 +34,7 @@ from typing import Any, Literal, NamedTuple
 from msgspec import Struct
 
 from rewards.timing import stats
-from rewards.timing.sampling import Clock, Measurement, Sampler
+from rewards.timing.sampling import Clock, Measurement, Sampler, TimingConfig
 
 Role = Literal["candidate", "eager", "compile"]
 Outcome = Literal["beaten", "not_beaten", "inconclusive"]
@@ -68,6 +68,10 @@ class PairedConfig(Struct, frozen=True, kw_only=True):
     of the call's device time just to launch it (`Measurement.launch_ratio`)."""
     graph_info_samples: int = 20
     """Flushed replays behind the informational CUDA-graph time."""
+    subject_warmup_ms: float = 20.0
+    """Warm-up of each subject after the first (`subject_warmup_s`): the first brings the SM clock
+    up with TimingConfig's warm-up, the others' warm-ups follow it at once, so each needs only its
+    first calls out of the way and an estimate of its call time (its round's share, about)."""
 
     def __post_init__(self) -> None:
         if not 0.5 < self.confidence < 1.0:
@@ -202,6 +206,16 @@ def rotation(round_index: int, subjects: int) -> tuple[int, ...]:
     the cost of following another subject falls on all of them alike."""
     shift = round_index % subjects
     return tuple((i - shift) % subjects for i in range(subjects))
+
+
+def subject_warmup_s(timing: TimingConfig, config: PairedConfig, position: int) -> float:
+    """The warm-up time of the subject warmed up `position`-th: TimingConfig.warmup_s for the
+    first, which brings the SM clock up for the whole job; `subject_warmup_ms` (never more) for the
+    rest, which also make at least `warmup_min_calls` calls and still wait for the clock
+    (`rewards.timing.sampling.warm_up`). A 2.67 ms call (2.8 ms a sample) warms up in 9 calls, not 73."""
+    if position == 0:
+        return timing.warmup_s
+    return min(timing.warmup_s, config.subject_warmup_ms / 1e3)
 
 
 def samples_per_round(config: PairedConfig, call_ms: float) -> int:

@@ -32,6 +32,7 @@ from rewards.timing.paired import (
     paired_speedups,
     run_rounds,
     samples_per_round,
+    subject_warmup_s,
 )
 from rewards.timing.sampling import (
     METHOD_EVENT,
@@ -99,8 +100,9 @@ def measure_paired(
     config: TimingConfig,
     paired: PairedConfig,
 ) -> PairedTiming:
-    """Time a candidate and its baselines together (`rewards.timing.paired`): one input pool for
-    all, each subject warmed up in turn, one method for all (`_paired_method`), rotated rounds
+    """Time a candidate and its baselines together (`rewards.timing.paired`): one input pool and
+    one flush buffer for all, each subject warmed up in turn (the first for TimingConfig's warm-up,
+    which brings the SM clock up for all, the rest briefly: `subject_warmup_s`), one method for all (`_paired_method`), rotated rounds
     until `paired`'s stopping rule, then the informational CUDA-graph time of launch-bound
     subjects. Call under torch.no_grad(); a subject that raises propagates."""
     import cupy
@@ -110,9 +112,9 @@ def measure_paired(
         pool = build_pool(make_inputs, config)
         timers = [SubjectTimer(gpu, c.fn, pool, config) for c in calls]
         before, flush_ms = gpu.clocks(), gpu.flush_ms()
-        for call, timer in zip(calls, timers):
+        for position, (call, timer) in enumerate(zip(calls, timers)):
             with call.context():
-                timer.warm_up()
+                timer.warm_up(subject_warmup_s(config, paired, position))
         method = _paired_method(calls, timers, config)
         subjects = [RoundSubject(c.role, t.sample, samples_per_round(paired, t.warm.estimate_ms * t.calls), c.context)
                     for c, t in zip(calls, timers)]
