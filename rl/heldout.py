@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -31,6 +32,8 @@ from rl.data import families
 from rl.metrics import read_jsonl, step_metrics
 from rl.run import Run
 from rl.stages import stage_plan
+
+log = logging.getLogger("cuda-agent.train")
 
 FILE = "heldout.jsonl"
 AFTER = ("single_turn", "rft", "ppo")
@@ -97,6 +100,10 @@ async def evaluate(run: Run, label: str, *, version: int) -> Row | None:
     items = [WorkItem(task=t, group_id=f"{t.task_id}@heldout", samples=cfg.data.heldout_samples)
              for t in heldout_tasks(cfg)]
     rollout = msgspec.structs.replace(cfg.rollout, temperature=cfg.data.heldout_temperature)
+    at_once = min(cfg.orchestrator.workers, cfg.orchestrator.model_slots, len(items) * cfg.data.heldout_samples)
+    log.info("heldout_%s: %d rollouts, up to %d at once, each up to %d turns x %d new tokens (temperature %g)", label,
+             len(items) * cfg.data.heldout_samples, at_once, rollout.max_turns, rollout.max_new_tokens,
+             rollout.temperature)
     t0 = time.perf_counter()
     trajs = await run.rollouts(items, tag=f"heldout_{label}", rollout=rollout)
     seconds = time.perf_counter() - t0
