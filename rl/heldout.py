@@ -18,6 +18,8 @@ Example:
 
 from __future__ import annotations
 
+import logging
+import time
 from pathlib import Path
 
 import msgspec
@@ -30,6 +32,8 @@ from rl.data import families
 from rl.metrics import read_jsonl, step_metrics
 from rl.run import Run
 from rl.stages import stage_plan
+
+log = logging.getLogger("cuda-agent.train")
 
 FILE = "heldout.jsonl"
 AFTER = ("single_turn", "rft", "ppo")
@@ -67,6 +71,14 @@ class Row(Struct, frozen=True, kw_only=True):
     turns_mean: float | None
     by_task: dict[str, list[float | None]]
     """Each task's trajectory rewards (None: not scored)."""
+    max_turns: int = 0
+    max_new_tokens: int = 0
+    max_context_tokens: int = 0
+    temperature: float = 0.0
+    """The limits and temperature the rollouts ran under: the run's `rollout`, at
+    `data.heldout_temperature` (0: not recorded)."""
+    seconds: float = 0.0
+    """Wall time of the evaluation: rollouts and final evaluations."""
 
 
 def read_rows(run_dir: str | Path) -> list[Row]:
@@ -88,7 +100,13 @@ async def evaluate(run: Run, label: str, *, version: int) -> Row | None:
     items = [WorkItem(task=t, group_id=f"{t.task_id}@heldout", samples=cfg.data.heldout_samples)
              for t in heldout_tasks(cfg)]
     rollout = msgspec.structs.replace(cfg.rollout, temperature=cfg.data.heldout_temperature)
+    at_once = min(cfg.orchestrator.workers, cfg.orchestrator.model_slots, len(items) * cfg.data.heldout_samples)
+    log.info("heldout_%s: %d rollouts, up to %d at once, each up to %d turns x %d new tokens (temperature %g)", label,
+             len(items) * cfg.data.heldout_samples, at_once, rollout.max_turns, rollout.max_new_tokens,
+             rollout.temperature)
+    t0 = time.perf_counter()
     trajs = await run.rollouts(items, tag=f"heldout_{label}", rollout=rollout)
+    seconds = time.perf_counter() - t0
     figures = step_metrics(trajs, max_response_tokens=None)
     by_task: dict[str, list[float | None]] = {}
     for t in trajs:
@@ -105,6 +123,11 @@ async def evaluate(run: Run, label: str, *, version: int) -> Row | None:
         parse_error_rate=figures.get("parse_error_rate"),
         turns_mean=figures.get("turns_mean"),
         by_task=by_task,
+        max_turns=rollout.max_turns,
+        max_new_tokens=rollout.max_new_tokens,
+        max_context_tokens=rollout.max_context_tokens,
+        temperature=rollout.temperature,
+        seconds=seconds,
     )
     with (run.run_dir / FILE).open("ab") as f:
         f.write(msgspec.json.encode(row) + b"\n")
@@ -112,12 +135,15 @@ async def evaluate(run: Run, label: str, *, version: int) -> Row | None:
 
 
 def table(rows: list[Row]) -> str:
-    """The rows as a small text table: pass rate, mean reward, share faster than eager."""
-    lines = [f"{'held-out':<12} {'pass rate':>9} {'mean reward':>11} {'faster than eager':>17} {'trajectories':>12}"]
+    """The rows as a small text table: pass rate, mean reward, share faster than eager, the
+    rollouts' turn and new-token limits, seconds."""
+    lines = [f"{'held-out':<12} {'pass rate':>9} {'mean reward':>11} {'faster than eager':>17} {'trajectories':>12} "
+             f"{'turns x new tokens':>18} {'seconds':>7}"]
     for r in rows:
         mean = "-" if r.reward_mean is None else f"{r.reward_mean:+.3f}"
+        limits = f"{r.max_turns} x {r.max_new_tokens}" if r.max_turns else "-"
         lines.append(f"{r.label:<12} {100 * r.pass_rate:>8.1f}% {mean:>11} "
-                     f"{100 * r.faster_than_eager_rate:>16.1f}% {r.trajectories:>12}")
+                     f"{100 * r.faster_than_eager_rate:>16.1f}% {r.trajectories:>12} {limits:>18} {r.seconds:>7.0f}")
     return "\n".join(lines)
 
 

@@ -65,7 +65,8 @@ def smoke() -> TrainConfig:
         # A teacher's write turn (all solution files in one reply) is up to ~1,800 tokens; SmolLM2
         # reads 8k. Four turns reach read, write, compile, verify: the final evaluation scores the
         # workspace however the trajectory ends, and the untrained model's held-out rollouts (no
-        # tool call, every turn to the token limit) stay at ~2 min.
+        # tool call, every turn to the token limit) run alongside the rft collection (H200, 1,536
+        # new tokens a turn: 2.5 min).
         rollout=RolloutConfig(max_turns=4, max_new_tokens=2048, max_context_tokens=8192,
                               tool_timeout_s=600.0, seed=0),
         orchestrator=OrchestratorConfig(workers=32, model_slots=32, compile_slots=8, gpu_slots=1),

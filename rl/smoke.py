@@ -8,7 +8,8 @@ held-out split (tasks never trained on, a third of them with an op no training t
 evaluated before rft, after rft and after ppo. Everything is the production path: learner rank
 process with FSDP2, the embedded engine behind SGLang's HTTP API, the orchestrator, sandbox,
 compile pool, GPU queue, checkpoints and the Hugging Face export. It prints the reward curve,
-the held-out rows, then one line saying what ran and whether it passed (exit status 1 if not).
+the held-out rows, the seconds of each phase (held-out evaluations, collections, each stage's
+steps), then one line saying what ran and whether it passed (exit status 1 if not).
 What it shows: the whole loop runs on real kernels and how the held-out rows move; three PPO
 steps are too few to show PPO learning (`python -m bench.system.learning --policy smollm2-135m`
 compares PPO with a control).
@@ -43,6 +44,7 @@ from rl.train import clear_run, latest_checkpoint, mark_run, run_dir_problem
 
 if TYPE_CHECKING:
     from rl.config import TrainConfig
+    from rl.heldout import Row
 
 CPU_CANNOT_SHOW = (
     "CPU variant: no GPU, so no kernel was compiled, verified or timed; rewards come from the fake "
@@ -93,6 +95,7 @@ def main(argv: list[str]) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     from rl.heldout import read_rows as read_heldout
     from rl.heldout import table as heldout_table
+    from rl.metrics import read_jsonl
     from rl.plot import print_reward_curve
     from rl.train import run_training
 
@@ -103,14 +106,47 @@ def main(argv: list[str]) -> int:
     print_reward_curve(rows)
     if held := read_heldout(out):
         print("\n" + heldout_table(held))
+    spent = phase_seconds(read_jsonl(out / "metrics.jsonl"), held)  # on disk: a stopped run's steps too
+    print(phase_line(spent, wall_s))
     passed, verdict = smoke_verdict(cfg, rows, out)
     print(verdict)
     if not gpu:
         print(CPU_CANNOT_SHOW.format(rft=cfg.steps.rft))
-    summary = {"gpu": gpu, "wall_s": wall_s, "steps": len(rows), "recipe": cfg.recipe, "passed": passed,
-               "verdict": verdict, "rows": rows, "heldout": msgspec.to_builtins(read_heldout(out))}
+    summary = {"gpu": gpu, "wall_s": wall_s, "phases_s": spent, "steps": len(rows), "recipe": cfg.recipe,
+               "passed": passed, "verdict": verdict, "rows": rows, "heldout": msgspec.to_builtins(read_heldout(out))}
     (out / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
     return 0 if passed else 1
+
+
+def phase_seconds(rows: list[dict[str, Any]], held: list[Row]) -> dict[str, float]:
+    """Seconds of each phase, in run order: the held-out evaluations (`Row.seconds`), each stage's
+    collection (`time/collect_s`) and its steps (`time/step_s`: rollouts, update, weight sync).
+    Start-up and checkpoints are in none. A held-out evaluation runs alongside the collection of
+    the stage that follows it (`rl.train.heldout_alongside`), the entry after it here."""
+    by_label = {r.label: r.seconds for r in held}
+    spent = {f"held-out {label}": s for label, s in by_label.items() if label.startswith("before_")}
+    for stage in dict.fromkeys(str(row.get("stage")) for row in rows):
+        mine = [row for row in rows if row.get("stage") == stage]
+        if collect := sum(float(row.get("time/collect_s") or 0.0) for row in mine):
+            spent[f"{stage} collection"] = collect
+        steps = sum(float(row.get("time/step_s") or 0.0) for row in mine)
+        spent[f"{stage} {len(mine)} step{'s' * (len(mine) != 1)}"] = steps
+        if f"after_{stage}" in by_label:
+            spent[f"held-out after_{stage}"] = by_label[f"after_{stage}"]
+    return spent
+
+
+def phase_line(spent: dict[str, float], wall_s: float) -> str:
+    """`phases (s): held-out before_rft 141 (alongside the rft collection), rft collection 235, ...`;
+    the rest of the wall time is start-up and checkpoints."""
+    names, parts, overlap = list(spent), [], 0.0
+    for name, after in zip(names, [*names[1:], ""]):
+        parts.append(f"{name} {spent[name]:.0f}")
+        if name.startswith("held-out ") and after.endswith(" collection"):
+            parts[-1] += f" (alongside the {after})"
+            overlap += min(spent[name], spent[after])
+    rest = wall_s - sum(spent.values()) + overlap
+    return f"phases (s): {', '.join(parts + [f'start-up, checkpoints and the rest {rest:.0f}'])}; wall {wall_s:.0f}"
 
 
 def smoke_verdict(cfg: TrainConfig, rows: list[dict[str, Any]], run_dir: Path) -> tuple[bool, str]:

@@ -195,6 +195,8 @@ class Collection:
     """The collection's rollout figures (`collect/`): for rft the demonstrations and policy
     rollouts before the filter, for value the policy PPO starts from."""
     batch_size: int
+    seconds: float = 0.0
+    """Wall time of the collection's rollouts (`time/collect_s` in the stage's first step row)."""
 
     def batch(self, k: int) -> list[Sample]:
         """Batch `k` of the stage: the samples in a cycle, `batch_size` at a time."""
@@ -205,7 +207,9 @@ class Collection:
 async def collect(run: Run, tasks: list[Task], stage: str) -> Collection:
     """Roll out the stage's collection (`rollouts/<stage>_collect`, resumable) and keep what it
     learns from: rft the trajectories `select_for_rft` keeps, value every scored one."""
+    t0 = time.perf_counter()
     trajs = await collect_trajectories(run, tasks, stage)
+    seconds = time.perf_counter() - t0
     figures = {f"collect/{k.split('/')[-1]}": v for k, v in step_metrics(trajs, max_response_tokens=None).items()}
     if stage == "rft":
         kept, dropped = select_for_rft(trajs)
@@ -215,7 +219,7 @@ async def collect(run: Run, tasks: list[Task], stage: str) -> Collection:
     if not samples:
         what = "no trajectory with reward > 0" if stage == "rft" else "no scored trajectory"
         raise SystemExit(f"{stage}: {what} to learn from")
-    return Collection(samples, figures, run.cfg.data.tasks_per_step * run.cfg.data.samples_per_task)
+    return Collection(samples, figures, run.cfg.data.tasks_per_step * run.cfg.data.samples_per_task, seconds)
 
 
 async def collect_trajectories(run: Run, tasks: list[Task], stage: str) -> list[Trajectory]:

@@ -32,6 +32,7 @@ import shutil
 import sys
 import time
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,8 +45,10 @@ from agentcore.signals import stop_on_signal
 from rl.metrics import MetricsWriter, ProgressBar
 
 if TYPE_CHECKING:  # these import torch and transformers: loaded when a run starts, not for --help
+    from agentcore.types import Task
     from rl.config import TrainConfig
     from rl.run import Run
+    from rl.stages import Collection, Stage
 
 log = logging.getLogger("cuda-agent.train")
 
@@ -106,7 +109,8 @@ async def train(run: Run) -> list[dict]:
     A step: rollouts (scored by the orchestrator as each trajectory finishes) -> the samples they
     give -> learner update -> weight sync -> metrics, checkpoint. rft and value learn from one
     collection per stage instead; under `max_staleness > 0` the next step's rollouts generate
-    while this step trains (one weight version behind when they are used).
+    while this step trains (one weight version behind when they are used). A held-out evaluation
+    runs alongside the collection of the stage that follows it (`heldout_alongside`).
     """
     # torch and transformers come with it: imported by a run, not by `train --help`
     from rl import heldout, stages
@@ -118,24 +122,27 @@ async def train(run: Run) -> list[dict]:
     progress = ProgressBar(plan[-1].end, start_step=start)
     rows: list[dict] = []
     with MetricsWriter(run.run_dir, start_step=start) as metrics:  # drops lines of steps >= start
-        if start == 0:  # the held-out split (data.heldout): before training, and after each stage that moves the actor
-            await heldout.evaluate(run, f"before_{plan[0].name}", version=version)
-        for stage in plan:
-            collection: stages.Collection | None = None  # rft, value: rolled out once, learnt from each step
+        # the held-out split (data.heldout): before training and after each stage that moves the actor,
+        # each time alongside the collection of the stage that follows (`early`)
+        early = await heldout_alongside(run, tasks, f"before_{plan[0].name}", plan[0], version) if start == 0 else None
+        for k, stage in enumerate(plan):
+            collection, early = early, None  # rft, value: rolled out once, learnt from each step
             prefetch: stages.Background | None = None  # the next step's rollouts, made during this update
             for step in range(max(start, stage.first), stage.end):
                 times: dict[str, float] = {}
                 collected: dict[str, float] = {}  # a collection's rollout figures, in its first step's row
+                t_step = time.perf_counter()
                 if stage.name in stages.ROLLOUT_STAGES:  # roll out; the orchestrator scores each trajectory
-                    t0 = time.perf_counter()
                     trajs = prefetch.result if prefetch else await stages.step_rollouts(run, tasks, step, stage.name)
-                    times["time/rollout_s"] = time.perf_counter() - t0
+                    times["time/rollout_s"] = time.perf_counter() - t_step
                     samples = stages.usable_samples(trajs, version, cfg.max_staleness)
                     sync = True
                 else:  # a batch of the stage's one collection
                     if collection is None:
                         collection = await stages.collect(run, tasks, stage.name)
-                        collected = collection.figures
+                        t_step = time.perf_counter()  # the step's time leaves the collection out
+                    if step == max(start, stage.first):
+                        collected = collection.figures | {"time/collect_s": collection.seconds}
                     trajs, samples = None, collection.batch(step - stage.first)
                     sync = stage.name == "rft" and step + 1 == stage.end  # nothing generates between rft steps
 
@@ -152,6 +159,7 @@ async def train(run: Run) -> list[dict]:
                 if prefetch:
                     times["time/overlapped_rollout_s"] = prefetch.seconds
                 version = synced.version if synced else version
+                times["time/step_s"] = time.perf_counter() - t_step
 
                 row = stages.step_row(run, stage, step, trajs=trajs, collection=collection, samples=samples,
                                       trained=trained, synced=synced, times=times, version=version) | collected
@@ -163,10 +171,27 @@ async def train(run: Run) -> list[dict]:
                 if (step + 1) % cfg.checkpoint.every_steps == 0 or step + 1 == stage.end:
                     await stages.save_checkpoint(run, step + 1, stage.name)
             if stage.name in heldout.AFTER and start < stage.end:
-                await heldout.evaluate(run, f"after_{stage.name}", version=version)
+                following = plan[k + 1] if k + 1 < len(plan) else None
+                early = await heldout_alongside(run, tasks, f"after_{stage.name}", following, version)
         await run.learner.wait_saved()  # the last checkpoint is committed (and exported) when train returns
     progress.close()
     return rows
+
+
+async def heldout_alongside(run: Run, tasks: list[Task], label: str, following: Stage | None,
+                            version: int) -> Collection | None:
+    """The held-out evaluation `label` and, when the stage that follows learns from one collection
+    (rft, value), that collection, at once; returns the collection. Nothing trains until both
+    end, so both roll out the same weights (the rft teachers need only the tools and the GPU
+    queue, not the policy's engine) and the held-out row is what it would be on its own."""
+    from rl import heldout, stages
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(partial(heldout.evaluate, run, label, version=version))
+        collecting = None
+        if following and following.name not in stages.ROLLOUT_STAGES and following.end > following.first:
+            collecting = stages.Background(tg, stages.collect, run, tasks, following.name)
+    return collecting.result if collecting else None
 
 
 async def run_training(cfg: TrainConfig) -> list[dict]:

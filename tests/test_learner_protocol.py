@@ -85,3 +85,11 @@ async def test_a_malformed_request_is_refused_by_its_type(tmp_path):
     with anyio.fail_after(60):
         await _with_rank(tmp_path, commands)
 
+
+
+def test_the_ranks_gpus_index_the_gpus_this_process_sees():
+    from rl.learner_client import learner_devices
+
+    assert learner_devices((0, 1), None) == "0,1"
+    assert learner_devices((0,), "2") == "2"  # a benchmark's child pinned to physical GPU 2
+    assert learner_devices((1, 0), "4, 6") == "6,4"

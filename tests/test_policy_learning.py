@@ -5,6 +5,7 @@ environment: the numbers mean nothing there, the files and rows must all be ther
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import orjson
@@ -90,3 +91,26 @@ def test_one_seed_of_plumbing_on_the_cpu(tmp_path: Path):
     assert (tmp_path / "learning.png").stat().st_size > 0
     control = read_rows(tmp_path / "seed0" / "control")
     assert [r.label for r in control] == ["before_ppo", "after_ppo"]
+    for row in read_rows(tmp_path / "seed0" / "ppo"):  # the recipe's limits, recorded with each row
+        assert (row.max_turns, row.max_new_tokens, row.temperature) == (
+            cpu.rollout.max_turns, cpu.rollout.max_new_tokens, cpu.data.heldout_temperature)
+        assert row.seconds > 0
+
+
+@pytest.mark.slow
+def test_seeds_run_at_once_one_child_per_gpu(tmp_path: Path):
+    # Two "GPUs" that are only CUDA_VISIBLE_DEVICES values: the children run on the CPU.
+    code = main_policy("tiny", 2, tmp_path, [], cpu=True, gpus=["0", "1"])
+    assert code == 1
+    doc = orjson.loads((tmp_path / "learning.json").read_bytes())
+    assert [seed["seed"] for seed in doc["seeds"]] == [0, 1]
+    assert doc["verdicts"]["seeds_complete"] == 2
+    assert all(set(seed["ppo"]) == {"before_rft", "after_rft", "after_ppo"} for seed in doc["seeds"])
+    spans = []
+    for seed in (0, 1):
+        log = (tmp_path / f"seed{seed}" / "seed.log").read_text()
+        assert f"seed {seed}: CUDA_VISIBLE_DEVICES={seed}" in log  # each child sees its own GPU
+        stamps = re.findall(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ", log, re.MULTILINE)
+        spans.append((stamps[0], stamps[-1]))
+    assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]  # the two seeds ran at the same time
+    assert "| 0 |" in (tmp_path / "learning.md").read_text() and "| 1 |" in (tmp_path / "learning.md").read_text()

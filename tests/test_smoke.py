@@ -74,6 +74,36 @@ def test_smoke_ends_saying_what_ran_and_what_the_cpu_variant_cannot_show(smoke_r
     assert orjson.loads((out / "summary.json").read_bytes())["passed"] is True
 
 
+def test_smoke_prints_the_seconds_of_each_phase(smoke_run):
+    out, proc = smoke_run
+    [line] = [text for text in proc.stdout.splitlines() if text.startswith("phases (s): ")]
+    phases = orjson.loads((out / "summary.json").read_bytes())["phases_s"]
+    assert list(phases) == ["rft collection", "rft 4 steps", "value collection", "value 1 step", "ppo 2 steps"]
+    assert all(seconds > 0 for seconds in phases.values())
+    assert line.startswith("phases (s): rft collection ") and "start-up, checkpoints and the rest" in line
+
+
+def test_a_heldout_evaluation_beside_a_collection_counts_once_in_the_wall_time():
+    from rl.heldout import Row
+    from rl.smoke import phase_line, phase_seconds
+
+    def held(label: str, seconds: float) -> Row:
+        return Row(label=label, weight_version=0, tasks=1, trajectories=1, pass_rate=0.0, reward_mean=None,
+                   faster_than_eager_rate=0.0, scored=0.0, parse_error_rate=None, turns_mean=None, by_task={},
+                   seconds=seconds)
+
+    rows = [{"stage": "rft", "time/collect_s": 30.0, "time/step_s": 1.0}, {"stage": "rft", "time/step_s": 1.0},
+            {"stage": "value", "time/collect_s": 6.0, "time/step_s": 1.0}, {"stage": "ppo", "time/step_s": 5.0}]
+    spent = phase_seconds(rows, [held("before_rft", 20.0), held("after_rft", 4.0), held("after_ppo", 3.0)])
+    assert spent == {"held-out before_rft": 20.0, "rft collection": 30.0, "rft 2 steps": 2.0,
+                     "held-out after_rft": 4.0, "value collection": 6.0, "value 1 step": 1.0, "ppo 1 step": 5.0,
+                     "held-out after_ppo": 3.0}
+    line = phase_line(spent, 60.0)
+    assert line.startswith("phases (s): held-out before_rft 20 (alongside the rft collection), rft collection 30,")
+    assert "held-out after_rft 4 (alongside the value collection), value collection 6," in line
+    assert line.endswith("start-up, checkpoints and the rest 13; wall 60")  # 60 - (71 - 20 - 4)
+
+
 def test_progress_line_and_log_name_the_same_steps(smoke_run):
     _, proc = smoke_run
     bar = [int(n) for n in re.findall(r"^\[step (\d+) \(\d+/7\)\]", proc.stderr, re.MULTILINE)]

