@@ -59,9 +59,20 @@ def warm_up() -> None:
 
     init_backend_registration()  # what the first compile registers, for every device type
     codecache.torch_key()
-    codecache.triton_key()  # None without Triton
+    for owner in (codecache, _triton_utils()):  # torch 2.13 keeps it in codecache, 2.11 does not
+        if hasattr(owner, "triton_key"):
+            owner.triton_key()  # None without Triton
+            break
     for name in FIRST_CALL_MODULES:  # private modules: another torch may have moved them
         try:
             importlib.import_module(name)
         except ModuleNotFoundError:
             pass
+
+
+def _triton_utils():
+    """torch.utils._triton, the other module a torch version may keep `triton_key` in; None if absent."""
+    try:
+        return importlib.import_module("torch.utils._triton")
+    except ModuleNotFoundError:
+        return None
