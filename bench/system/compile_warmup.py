@@ -15,14 +15,16 @@ What it is not: a profile job. With `--device cuda` the child also creates its C
 "build_ms"), and Inductor's cache keys hash the device and Triton; `bash
 bench/device/reward_stability.sh` reports the phases ("child.reference.*") of real paired jobs.
 
-    python -m bench.system.compile_warmup --repeats 5 [--tasks matmul,linear_relu] [--device cuda]
+    python -m bench.system.compile_warmup --repeats 5 [--tasks matmul,linear_relu] [--device cuda] [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -72,9 +74,10 @@ def record(source: str, device: str, out: Path) -> None:
     out.write_bytes(b"".join(artifacts))
 
 
-def child_steps(source: str, device: str, artifacts: bytes) -> dict:
+def child_steps(source: str, device: str, artifacts: bytes, profile: bool = False) -> dict:
     """In the forked child: the reference phase's steps, timed; `ok` when compile equals eager,
-    `hit` when the compile was served from the loaded artifacts."""
+    `hit` when the compile was served from the loaded artifacts; with `profile`, the first call's
+    functions by cumulative time (`first_call_profile`)."""
     import torch
     from torch._dynamo.utils import counters
 
@@ -85,17 +88,30 @@ def child_steps(source: str, device: str, artifacts: bytes) -> dict:
         t1 = time.perf_counter()
         model, compiled, make_inputs = _build(source, device)
         t2 = time.perf_counter()
+        profiler = cProfile.Profile() if profile else None
         with torch.no_grad():
+            if profiler:
+                profiler.enable()
             fused = compiled(*make_inputs(0))
             if device == "cuda":
                 torch.cuda.synchronize()
             t3 = time.perf_counter()
+            if profiler:
+                profiler.disable()
             ok = bool(torch.allclose(fused, model(*make_inputs(0))))
     ms = [(b - a) * 1e3 for a, b in ((t0, t1), (t1, t2), (t2, t3))]
-    return dict(zip(STEPS, ms)) | {"ok": ok, "hit": counters["aot_autograd"]["autograd_cache_hit"] > 0}
+    out = dict(zip(STEPS, ms)) | {"ok": ok, "hit": counters["aot_autograd"]["autograd_cache_hit"] > 0}
+    return out | ({"first_call_profile": _top(profiler)} if profiler else {})
 
 
-def forked(task: str, device: str, warm: bool, artifacts: Path) -> dict:
+def _top(profiler: cProfile.Profile, n: int = 40) -> list[str]:
+    """The `n` functions with the most cumulative time, as 'ms file:line(function)' lines."""
+    rows = pstats.Stats(profiler).stats.items()  # (file, line, name) -> (calls, prim, tottime, cumtime, callers)
+    top = sorted(rows, key=lambda kv: -kv[1][3])[:n]
+    return [f"{cum * 1e3:8.1f} ms {Path(f).name}:{line}({name})" for (f, line, name), (_, _, _, cum, _) in top]
+
+
+def forked(task: str, device: str, warm: bool, artifacts: Path, profile: bool = False) -> dict:
     """This process prepared as the zygote prepares itself, then the steps in a forked child."""
     from rewards.queue.zygote_server import preload
 
@@ -105,7 +121,7 @@ def forked(task: str, device: str, warm: bool, artifacts: Path) -> dict:
     if pid == 0:
         os.close(read)
         try:
-            result = child_steps(TASKS[task], device, artifacts.read_bytes())
+            result = child_steps(TASKS[task], device, artifacts.read_bytes(), profile)
         except Exception as exc:  # noqa: BLE001 - reported, the parent prints it
             result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         os.write(write, json.dumps(result).encode())
@@ -117,10 +133,10 @@ def forked(task: str, device: str, warm: bool, artifacts: Path) -> dict:
     return result | {"warm_up_ms": warm_up_ms, "warm_up_error": error}
 
 
-def run(task: str, device: str, warm: bool, artifacts: Path) -> dict:
+def run(task: str, device: str, warm: bool, artifacts: Path, profile: bool = False) -> dict:
     argv = [sys.executable, "-m", "bench.system.compile_warmup", "--child", task, "--device", device,
-            "--artifacts", str(artifacts)]
-    done = subprocess.run(argv + (["--warm"] if warm else []), capture_output=True, text=True, check=True)
+            "--artifacts", str(artifacts), *(["--warm"] if warm else []), *(["--profile"] if profile else [])]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.splitlines()[-1])
 
 
@@ -138,12 +154,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tasks", default="matmul", help=f"comma-separated, of {sorted(TASKS)}")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    parser.add_argument("--profile", action="store_true",
+                        help="cProfile each child's first compiled call; the last warm run's top functions are printed")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)  # one repetition, in its own process
     parser.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--artifacts", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(forked(args.child, args.device, args.warm, args.artifacts)))
+        print(json.dumps(forked(args.child, args.device, args.warm, args.artifacts, args.profile)))
         return
     report: dict = {"device": args.device, "cpus": len(os.sched_getaffinity(0)), "loadavg_start": os.getloadavg(),
                     "tasks": {}}
@@ -156,8 +174,10 @@ def main(argv: list[str] | None = None) -> None:
             runs: dict[bool, list[dict]] = {False: [], True: []}
             for _ in range(args.repeats):  # interleaved: load on a shared machine drifts
                 for warm in (False, True):
-                    runs[warm].append(run(task, args.device, warm, artifacts))
+                    runs[warm].append(run(task, args.device, warm, artifacts, args.profile))
             report["tasks"][task] = {"cold": summary(runs[False]), "warm": summary(runs[True])}
+            if args.profile:
+                report["tasks"][task]["warm_first_call_profile"] = runs[True][-1].get("first_call_profile", [])
     report["loadavg_end"] = os.getloadavg()
     text = json.dumps(report, indent=2)
     print(text)
