@@ -365,6 +365,23 @@ def test_kernel_source_without_extern_c_launcher_is_a_layout_finding():
     assert finding.category is HackCategory.LAYOUT and 'extern "C"' in finding.message
 
 
+def test_own_function_named_cublas_is_not_cublas_and_an_aliased_level1_call_is():
+    head = '#include <cublas_v2.h>\n'
+    own = head + (
+        'extern "C" void cublas_fused_bias(cublasHandle_t h, const float* a, float* c) {\n'
+        "  float one = 1.0f;\n"
+        "  cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, &one, a, 4, a, 4, &one, c, 4);\n}\n"
+    )
+    assert not [f for f in check_cpp(own, file="kernels/k.cu") if f.blocking]
+    aliased = head + (
+        "#define ADD_ROWS cublasSaxpy\n"
+        'extern "C" void f(cublasHandle_t h, const float* a, float* c) {\n'
+        "  float one = 1.0f;\n  ADD_ROWS(h, 16, &one, a, 1, c, 1);\n}\n"
+    )
+    (found,) = [f for f in check_cpp(aliased, file="kernels/k.cu") if f.blocking]
+    assert found.category is HackCategory.VENDOR_LIBRARY and "cublasSaxpy" in found.message
+
+
 def test_tf32_math_mode_is_a_note():
     cu = (
         '#include <cublas_v2.h>\nextern "C" void f(cublasHandle_t h) {\n'

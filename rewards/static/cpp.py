@@ -216,7 +216,7 @@ def _check_includes(unit: _Unit, everything: str) -> None:
 def _vendor_details(unit: _Unit, library: str) -> dict[str, str]:
     """The library and the functions of it the unit calls, for the GPU audit's op-class check."""
     prefix = "cudnn" if library == "cudnn" else "cublas"
-    calls = sorted(set(re.findall(rf"\b({prefix}\w+)\s*\(", unit.code)))
+    calls = sorted(set(re.findall(rf"\b({prefix}[A-Z]\w*)\s*\(", unit.code)))
     return {"library": library, "calls": ",".join(calls)}
 
 
@@ -349,10 +349,13 @@ def _declarator(before: str, op: str) -> bool:
 
 
 def _check_vendor_calls(unit: _Unit) -> None:
-    for m in re.finditer(r"\b(cublas\w+)\s*\(", unit.code):
-        if not re.fullmatch(P.CUBLAS_OK, m.group(1)):
+    # cuBLAS's API is `cublas` then a capital (cublasSgemm_v2); `cublas_fused_op` is the
+    # solution's own function. A name is checked wherever it appears (a macro or function
+    # pointer may call it later); the types (`cublasHandle_t`) are not calls.
+    for m in re.finditer(r"\b(cublas[A-Z]\w*)\b", unit.code):
+        if not m.group(1).endswith("_t") and not re.fullmatch(P.CUBLAS_OK, m.group(1)):
             unit.flag(m.start(), H.VENDOR_LIBRARY, f"{m.group(1)}: cuBLAS is allowed for GEMM only")
-    for m in re.finditer(r"\b(cudnn\w+)\s*\(", unit.code):
+    for m in re.finditer(r"\b(cudnn[A-Z]\w*)\s*\(", unit.code):
         if re.fullmatch(P.CUDNN_DENIED, m.group(1)):
             unit.flag(
                 m.start(), H.VENDOR_LIBRARY, f"{m.group(1)}: cuDNN is allowed for convolutions only"

@@ -85,6 +85,8 @@ class ModuleFacts:
     reference_state: set[str] = field(default_factory=set)
     """Attributes the reference Model's own forward assigns on self (an RNN's hidden state): the
     task keeps them across calls, so a correct candidate must too."""
+    reference_imports: set[str] = field(default_factory=set)
+    """Top-level modules the reference imports (numpy, einops): already loaded by the task."""
 
 
 def collect_facts(tree: ast.Module, reference: str | None) -> ModuleFacts:
@@ -127,6 +129,7 @@ def collect_facts(tree: ast.Module, reference: str | None) -> ModuleFacts:
         facts.low_precision_ok = bool(_LOW_PRECISION.search(reference))
         facts.reference_globals = _literal_globals(reference)
         facts.reference_state = _reference_state(reference)
+        facts.reference_imports = _reference_imports(reference)
     return facts
 
 
@@ -158,6 +161,16 @@ def _literal_globals(reference: str) -> dict[str, object]:
     except SyntaxError:
         return {}
     return module_constants(tree)
+
+
+def _reference_imports(reference: str) -> set[str]:
+    try:
+        tree = ast.parse(reference)
+    except SyntaxError:
+        return set()
+    names = {a.name for s in tree.body if isinstance(s, ast.Import) for a in s.names}
+    names |= {s.module for s in tree.body if isinstance(s, ast.ImportFrom) and s.module and not s.level}
+    return {n.split(".")[0] for n in names}
 
 
 def _reference_state(reference: str) -> set[str]:

@@ -150,7 +150,10 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
         else:
             category = H.FORBIDDEN_IMPORT
             message = f"import {name}: not in the allow-list ({', '.join(sorted(P.ALLOWED_IMPORTS))})"
-        if top in _STDLIB and top != "model" and not (_bound_names(node) & self.facts.loaded_names):
+        unused = top != "model" and not (_bound_names(node) & self.facts.loaded_names)
+        if unused and top not in P.IMPORT_CATEGORIES and top in self.facts.reference_imports:
+            self.flag(node, category, f"{message}; imported but never used (the task imports it too)", blocking=False)
+        elif unused and top in _STDLIB:
             self.flag(node, category, f"{message}; imported but never used", blocking=False)
         else:
             self.flag(node, category, message)
