@@ -37,7 +37,8 @@ from rewards.verify.wire import Loaded, OutputInfo, Snapshot, TrialReport
 #   its stream too (a library's internal stream, `library_kernels`): SIDE_STREAM (7);
 # - an earlier call's output changed during a later call: DEFERRED_WORK (5);
 # - an output shares memory with an earlier call's output, equals an earlier trial's output for
-#   different inputs, is closer to an earlier trial's reference than to its own, or fails only
+#   different inputs, is closer to an earlier trial's reference than to its own (and follows
+#   that reference more closely than a constant could), or fails only
 #   when the inputs arrive in the previous trial's tensors: OUTPUT_CACHING (4);
 # - no kernel of kernels/*.cu launched, or they carry less than `min_own_share` of the GPU time:
 #   DECOY_KERNEL (2);
@@ -291,7 +292,11 @@ class Judge:
             for c, r_now, r_old in zip(memory.cand_samples, memory.ref_samples, old.ref_samples):
                 own, other, gap = compare.mean_abs(c, r_now), compare.mean_abs(c, r_old), compare.mean_abs(r_now, r_old)
                 scale = float(r_now.abs().mean()) if r_now.numel() else 0.0
-                if gap > REPLAY_MIN_GAP * scale and other < REPLAY_CLOSER * own:
+                # A stale answer tracks the old reference more closely than any constant could
+                # (`compare.spread`); an output that hardly depends on its inputs is merely wrong,
+                # however much nearer the smaller reference of another input variant it lies.
+                tracks = other < REPLAY_CLOSER * compare.spread(r_old)
+                if gap > REPLAY_MIN_GAP * scale and other < REPLAY_CLOSER * own and tracks:
                     self.hack(H.OUTPUT_CACHING, f"trial {trial}'s output matches the reference of trial "
                               f"{old.index}'s inputs, not its own", trial)
         self.memories.append(memory)
