@@ -490,6 +490,36 @@ def test_the_scaled_variants_tolerance_still_rejects_wrong_and_downgraded_output
     assert (verdict.status, verdict.hack) == (status, hack), verdict
 
 
+def judge_trials(refs: list[torch.Tensor], outs: list[torch.Tensor]):
+    """A verdict over one trial per (reference, output) pair, compared without float64."""
+    judge = Judge(JudgeSettings())
+    for trial, (ref, out) in enumerate(zip(refs, outs)):
+        info = OutputInfo(type_name="Tensor", plain=True, device="cpu", dtype="float32", shape=tuple(out.shape),
+                          has_storage=True, aliases_input=False)
+        judge.outputs(trial, 0, (info,), [out], [ref], {}, reused=False, exact=None, calibration=[])
+    return judge.verdict(trials=len(refs))
+
+
+# A per-channel mean of a normalised activation: small on the signed variant, large on the task's
+# own non-negative inputs. An output that hardly depends on its inputs (a file written for another
+# version of the task: softmax means near 1/16) lies nearer the small reference than the large one.
+_NOISE = torch.Generator().manual_seed(2)
+SMALL_REF = torch.randn(16_384, generator=_NOISE) * 0.09
+LARGE_REF = torch.randn(16_384, generator=_NOISE) * 0.65
+NEAR_CONSTANT = 0.0625 + torch.randn(16_384, generator=_NOISE) * 1e-4
+
+
+def test_an_output_that_ignores_its_inputs_is_wrong_not_a_replay():
+    verdict = judge_trials([SMALL_REF, LARGE_REF], [NEAR_CONSTANT, NEAR_CONSTANT + 1e-5])
+    assert (verdict.status, verdict.hack) == (S.WRONG_OUTPUT, None), verdict
+
+
+def test_an_output_one_trial_behind_its_inputs_is_a_replay():
+    verdict = judge_trials([SMALL_REF, LARGE_REF], [SMALL_REF, SMALL_REF + NEAR_CONSTANT * 1e-3])
+    assert (verdict.status, verdict.hack) == (S.HACK, H.OUTPUT_CACHING), verdict
+    assert "matches the reference of trial 0" in verdict.message
+
+
 # --- the fixture corpus (built and run in test_verify_gpu.py) -----------------------------------
 
 KERNELBENCH = PROBLEMS

@@ -25,6 +25,7 @@ from rewards.verify.audit import (
     gpu_events,
     kernel_names,
     library_kernels,
+    op_calls,
     profiler_gpu_events,
     sources_call_vendor,
     task_allows_vendor,
@@ -108,6 +109,27 @@ def test_torch_doing_part_of_the_work_is_partial_under_kernelbench_rules(child, 
 def test_torch_running_every_op_of_the_reference_is_a_decoy_under_kernelbench_rules(child, tmp_path):
     verdict = verify(child, tmp_path, "torch.relu(F.linear(x, self.linear.weight, self.linear.bias))", "kernelbench")
     assert verdict.hack is H.DECOY_KERNEL and "every compute op of the reference" in verdict.message
+
+
+# A model of three Linear layers (addmm x3) and a GELU. Honest: the candidate's kernel does the
+# first layer (a patch embedding), torch the other two and the GELU. Cheat: torch makes all three
+# addmm calls and the GELU beside a kernel of the candidate's that does none of them.
+THREE_LINEARS = {"aten.addmm.default": 3, "aten.gelu.default": 1, "aten.empty.memory_format": 2}
+
+
+@pytest.mark.parametrize(
+    ("ops", "hack"),
+    [({"aten.addmm.default": 2, "aten.gelu.default": 1}, None),
+     ({"aten.addmm.default": 3, "aten.gelu.default": 1, "aten.cat.default": 1}, H.DECOY_KERNEL)],
+    ids=["own_kernel_for_one_linear", "torch_makes_every_call"],
+)
+def test_a_decoy_leaves_torch_every_call_of_the_reference_not_just_every_op(ops, hack):
+    judge = Judge(JudgeSettings(rules="kernelbench"))
+    judge.reference_ops = op_calls(THREE_LINEARS)
+    judge.observe(TrialReport(index=0, run=0, ok=True, ops=ops), (), 0)
+    verdict = judge.verdict(trials=1)
+    assert verdict.hack is hack, verdict
+    assert hack or verdict.details["partial"] == "aten.addmm, aten.gelu"
 
 
 def _event(name: str, us: float, cat: str = "kernel") -> KernelEvent:

@@ -114,6 +114,14 @@ def op_violations(ops: Mapping[str, int], *, allow_gemm_conv: bool = False) -> l
     return sorted(name for name in ops if not _allowed(name, allow_gemm_conv))
 
 
+def op_calls(ops: Mapping[str, int], *, allow_gemm_conv: bool = False) -> Counter[str]:
+    """Calls per op of the violations, overloads merged: {"aten.addmm": 3, ...}."""
+    calls: Counter[str] = Counter()
+    for name in op_violations(ops, allow_gemm_conv=allow_gemm_conv):
+        calls[".".join(name.removesuffix(FRESH).split(".")[:2])] += ops[name]
+    return calls
+
+
 def _allowed(name: str, allow_gemm_conv: bool) -> bool:
     fresh = name.endswith(FRESH)
     namespace, _, rest = name.removesuffix(FRESH).partition(".")

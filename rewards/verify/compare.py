@@ -4,7 +4,7 @@ What it is: `check_output(out, ref)` (shape, dtype, non-finite values, elementwi
 `precision_error(out, ref)` (how far below the reference's precision the output is),
 `typical_magnitude(ref)` (the output's scale, for the atol of the input variants), and the
 primitives `rewards.verify.judge` uses to spot degenerate and replayed outputs (`is_constant`,
-`samples`, `mean_abs`). Large tensors are processed in chunks, in float64, on their device.
+`samples`, `mean_abs`, `spread`). Large tensors are processed in chunks, in float64, on their device.
 
 Tolerances are tied to the output dtype (rewards/README.md, hack 12):
 
@@ -200,6 +200,15 @@ def samples(t: torch.Tensor, count: int = SAMPLES) -> torch.Tensor:
     last = flat.numel() - 1
     index = torch.linspace(0, last, min(count, flat.numel()), dtype=torch.float64, device=flat.device)
     return flat[index.round().long().clamp_(0, last)].to(torch.float64).cpu()
+
+
+def spread(t: torch.Tensor) -> float:
+    """Mean |value - median| over the finite elements of a sample: no constant comes closer to
+    it than this on average; inf for fewer than two finite elements (nothing to spread)."""
+    finite = t[torch.isfinite(t)]
+    if finite.numel() < 2:
+        return math.inf
+    return float((finite - finite.median()).abs().mean())
 
 
 def mean_abs(a: torch.Tensor, b: torch.Tensor) -> float:

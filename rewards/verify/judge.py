@@ -13,13 +13,14 @@ What it is not: no process handling, no reference computation, no I/O.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from msgspec import Struct
 
 from rewards.verdict import PARTIAL, Rules, Verdict, VerdictStatus
 from rewards.verdict import HackCategory as H
 from rewards.verify import compare
-from rewards.verify.audit import attribute, op_violations
+from rewards.verify.audit import attribute, op_calls, op_violations
 from rewards.verify.probes import fingerprint
 from rewards.verify.wire import Loaded, OutputInfo, Snapshot, TrialReport
 
@@ -37,14 +38,15 @@ from rewards.verify.wire import Loaded, OutputInfo, Snapshot, TrialReport
 #   its stream too (a library's internal stream, `library_kernels`): SIDE_STREAM (7);
 # - an earlier call's output changed during a later call: DEFERRED_WORK (5);
 # - an output shares memory with an earlier call's output, equals an earlier trial's output for
-#   different inputs, is closer to an earlier trial's reference than to its own, or fails only
+#   different inputs, is closer to an earlier trial's reference than to its own (and follows
+#   that reference more closely than a constant could), or fails only
 #   when the inputs arrive in the previous trial's tensors: OUTPUT_CACHING (4);
 # - no kernel of kernels/*.cu launched, or they carry less than `min_own_share` of the GPU time:
 #   DECOY_KERNEL (2);
 # - under KernelBench's rules (`rules="kernelbench"`) torch ops and torch kernels are not hacks
 #   but "partial" work (`details["partial"]`); own kernels must still run and carry at least
 #   `partial_min_own_share` of the GPU time, and torch must leave some op of the reference to
-#   them (torch running every compute op the reference runs is DECOY_KERNEL);
+#   them (torch making every call of every compute op the reference makes is DECOY_KERNEL);
 # - two runs on the same inputs under different allocator poison disagree: NONDETERMINISM (17);
 # - a constant output for a non-constant reference, or an input returned unchanged:
 #   DEGENERATE_OUTPUT (13);
@@ -110,7 +112,7 @@ class Judge:
         self.precision: list[tuple[float, float]] = []  # (error, floor) of passing outputs
         self.calibration: list[float] = []
         self.torch_work: set[str] = set()  # torch ops and kernels allowed under kernelbench rules
-        self.reference_ops: frozenset[str] = frozenset()  # compute ops of the reference's forward
+        self.reference_ops: Mapping[str, int] = {}  # compute ops of the reference's forward -> calls
         self.library_kernels: frozenset[str] = frozenset()  # kernels the reference runs off its stream
         self.max_abs = self.max_rel = 0.0
         self.details: dict[str, float | int | str | bool | None] = {}
@@ -140,7 +142,7 @@ class Judge:
             self._snapshot(report.after, "forward", trial)
         bad_ops = [] if self.s.allow_torch_compute else op_violations(report.ops, allow_gemm_conv=self.s.allow_gemm_conv)
         if bad_ops and self.s.rules == "kernelbench":
-            self._partial_ops(bad_ops, trial)
+            self._partial_ops(op_calls(report.ops, allow_gemm_conv=self.s.allow_gemm_conv), trial)
         elif bad_ops:
             listed = ", ".join(f"{op} x{report.ops[op]}" for op in bad_ops[:8])
             self.hack(H.TORCH_COMPUTE, f"forward ran torch ops: {listed}; only allocation and views may go through torch", trial)
@@ -156,14 +158,15 @@ class Judge:
         if report.kernels or report.marker_stream is not None:
             self._attribution(report, trial)
 
-    def _partial_ops(self, ops: list[str], trial: int) -> None:
-        """KernelBench's rules: torch ops are partial work, unless they are all the reference's."""
-        packets = {_packet(op) for op in ops}
-        self.torch_work |= packets
-        if self.reference_ops and self.reference_ops <= packets:
+    def _partial_ops(self, calls: Mapping[str, int], trial: int) -> None:
+        """KernelBench's rules: torch ops are partial work, unless torch makes every call of
+        every compute op the reference makes (an own kernel in place of one of a model's
+        several Linear layers leaves torch an addmm short: partial, not a decoy)."""
+        self.torch_work |= set(calls)
+        if self.reference_ops and all(calls.get(op, 0) >= n for op, n in self.reference_ops.items()):
             listed = ", ".join(sorted(self.reference_ops)[:8])
-            self.hack(H.DECOY_KERNEL, f"torch ran every compute op of the reference ({listed}): the "
-                      "candidate's own kernels do none of the task's work", trial)
+            self.hack(H.DECOY_KERNEL, f"torch ran every compute op of the reference as often as it does "
+                      f"({listed}): the candidate's own kernels do none of the task's work", trial)
 
     def _snapshot(self, now: Snapshot, when: str, trial: int | None) -> None:
         base = self.baseline
@@ -291,7 +294,11 @@ class Judge:
             for c, r_now, r_old in zip(memory.cand_samples, memory.ref_samples, old.ref_samples):
                 own, other, gap = compare.mean_abs(c, r_now), compare.mean_abs(c, r_old), compare.mean_abs(r_now, r_old)
                 scale = float(r_now.abs().mean()) if r_now.numel() else 0.0
-                if gap > REPLAY_MIN_GAP * scale and other < REPLAY_CLOSER * own:
+                # A stale answer tracks the old reference more closely than any constant could
+                # (`compare.spread`); an output that hardly depends on its inputs is merely wrong,
+                # however much nearer the smaller reference of another input variant it lies.
+                tracks = other < REPLAY_CLOSER * compare.spread(r_old)
+                if gap > REPLAY_MIN_GAP * scale and other < REPLAY_CLOSER * own and tracks:
                     self.hack(H.OUTPUT_CACHING, f"trial {trial}'s output matches the reference of trial "
                               f"{old.index}'s inputs, not its own", trial)
         self.memories.append(memory)
@@ -347,8 +354,3 @@ def _atol_scale(variant: str, ref) -> float:
     if variant == "task" or not ref.is_floating_point():
         return 1.0
     return max(1.0, compare.typical_magnitude(ref))
-
-
-def _packet(op: str) -> str:
-    """"aten.relu.default" -> "aten.relu"."""
-    return ".".join(op.split(".")[:2])

@@ -35,7 +35,7 @@ from rewards.verify.audit import (
     OpAudit,
     kernel_names,
     library_kernels,
-    op_violations,
+    op_calls,
     profiler_gpu_events,
     sources_call_vendor,
     task_allows_vendor,
@@ -333,7 +333,7 @@ class Verification:
         with OpAudit() as audit:
             out = self.model(*inputs)
         self.reference_audited = True
-        self.judge.reference_ops = frozenset(".".join(op.split(".")[:2]) for op in op_violations(audit.ops))
+        self.judge.reference_ops = op_calls(audit.ops)
         return out
 
     def _float64(self, spec: TrialSpec, inputs: list, refs: list) -> tuple[list | None, list | None]:
