@@ -32,6 +32,8 @@ from collections.abc import Iterable, Sequence
 import msgspec
 from msgspec import Struct
 
+from rewards.inline.fold import dotted
+
 from agentcore.types import Task
 
 TORCH_ROOTS = frozenset({"torch", "nn", "F", "math"})
@@ -75,13 +77,8 @@ def _import_aliases(tree: ast.Module) -> dict[str, str]:
 
 def _dotted(node: ast.AST) -> list[str] | None:
     """`a.b.c` as ["a", "b", "c"], or None if the chain does not start at a plain name."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    return [node.id, *reversed(parts)]
+    name = dotted(node, {})
+    return name.split(".") if name else None
 
 
 def _strip_docstrings(tree: ast.Module) -> None:
