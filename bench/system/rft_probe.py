@@ -15,8 +15,9 @@ result, judged on the host:
            run: the .cu equals the teacher's up to comments and whitespace.
 Greedy decoding is exact and cheap: one forward pass over the teacher's write turn finds the first
 token where the policy's argmax leaves it, and only the rest is generated (bf16).
-What it is not: the rollout engine or `verify` (nothing runs on a GPU); a CPU has time for a few
-dozen samples of ~1,600 tokens (bf16 autocast, ~10 s each on 2 cores), a GPU for the real recipe.
+What it is not: the rollout engine or `verify` (no kernel runs anywhere); a CPU has time for a few
+dozen samples of ~1,600 tokens (bf16 autocast: ~10 s each on 2 idle cores, ~40 s on busy ones), a GPU
+for the real recipes (minutes per configuration).
 
     python -m bench.system.rft_probe --teachers 16 --steps 40 --lr 2e-5       # the smoke's rft
     python -m bench.system.rft_probe --teachers 66 --steps 60 --lr 1e-4 --schedule linear
@@ -336,15 +337,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="which teachers are drawn when fewer than all")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--token-budget", type=int, default=4096, help="tokens per packed micro-batch")
+    p.add_argument("--token-budget", type=int, default=0,
+                   help="tokens per packed micro-batch (0: the smoke's 16384 on a GPU, one sample at a time on a CPU)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     p.add_argument("--tasks", default="", help="comma-separated held-out task ids to judge (default: all 17)")
     p.add_argument("--out", help="write the result as JSON here")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
+    budget = a.token_budget or (16384 if a.device.startswith("cuda") else 2048)
     result = probe(teachers=a.teachers, steps=a.steps, lr=a.lr, batch=a.batch, schedule=a.schedule, seed=a.seed,
-                   device=a.device, model=a.model, token_budget=a.token_budget,
+                   device=a.device, model=a.model, token_budget=budget,
                    tasks=tuple(t for t in a.tasks.split(",") if t))
     print(report(result))
     if a.out:
