@@ -22,8 +22,8 @@ from bench.system.policy_learning import (
     verdicts,
 )
 from rl.config import apply_overrides
-from rl.heldout import Row, read_rows
 from rl.data import families
+from rl.heldout import Row, read_rows
 from rl.recipes import learning, smoke, smoke_cpu
 from rl.stages import demonstrations
 

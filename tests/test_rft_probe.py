@@ -11,7 +11,13 @@ import pytest
 from agentcore.chat import ChatRenderer
 from agentcore.tiny_tokenizer import load_tokenizer
 from agentcore.toolparse import tool_schemas
-from bench.system.rft_probe import judge, links, teacher_trajectories, write_turn_sample, written_files
+from bench.system.rft_probe import (
+    judge,
+    links,
+    teacher_trajectories,
+    write_turn_sample,
+    written_files,
+)
 from rl.data import families as fam
 from rl.demonstrations import DemoTask
 
@@ -67,8 +73,8 @@ def test_a_row_kernel_other_than_the_teachers_is_wrong(heldout):
     d = heldout["fam_reduce_min_s0"]
     files = dict(d.files)
     files[_cu(files)] = files[_cu(files)].replace("fminf(acc, v)", "fmaxf(acc, v)")
-    builds, right, _ = judge(d.task, files, d.files)
-    assert not right
+    _, right, why = judge(d.task, files, d.files)
+    assert not right and "differs from the teacher's" in why
 
 
 def test_the_sample_ends_with_the_write_turn_whose_files_are_the_teachers(tiny_tokenizer_dir, heldout):

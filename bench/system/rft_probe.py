@@ -115,7 +115,7 @@ def write_turn_sample(traj: Trajectory) -> Sample:
 
 
 def _strip_comments(text: str) -> str:
-    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.DOTALL)
     return " ".join(re.sub(r"//[^\n]*", " ", text).split())
 
 
