@@ -5,6 +5,8 @@
                   through the real tools, value pretraining, then a few PPO steps with real
                   compile / verify / profile on one GPU, and the held-out split evaluated before
                   rft, after rft and after ppo;
+    learning    - the smoke with rft on all 66 training teachers at a higher rate, for
+                  `bench.system.policy_learning`;
     smoke_cpu   - a machine without a GPU: a tiny random model on two bundled demonstration
                   tasks, learner on CPU, the fake kernel environment (nothing compiled or timed),
                   4 RFT steps; `cuda-agent train`'s default there;
@@ -73,6 +75,25 @@ def smoke() -> TrainConfig:
         engine=EngineSection(embedded=EmbeddedEngineConfig(max_batch_size=32)),
         checkpoint=CheckpointConfig(every_steps=1000, keep=2, export_hf=True),
         env="real",
+    )
+
+
+def learning() -> TrainConfig:
+    """The smoke with rft on every training teacher: the recipe of `bench.system.policy_learning`,
+    where the held-out pass rate after rft must reach 30%."""
+    cfg = smoke()
+    # Sixteen teachers at 2e-5 teach the template, not the op -> expression mapping: greedy write
+    # turns copy the form and garble the one line that matters, 0 of 17 held out pass
+    # (`python -m bench.system.rft_probe` measures this without the GPU tools). Every teacher
+    # (66) shows each trained op at three shapes; a higher rate falling linearly fits their
+    # op-specific tokens in ~15 epochs of batches of 16.
+    return msgspec.structs.replace(
+        cfg,
+        recipe="learning",
+        run_dir="runs/learning",
+        optim=msgspec.structs.replace(cfg.optim, sft_lr=1e-4, sft_lr_schedule="linear"),
+        steps=msgspec.structs.replace(cfg.steps, rft=60),
+        data=msgspec.structs.replace(cfg.data, demos=66),
     )
 
 
@@ -168,6 +189,7 @@ def node_2gpu() -> TrainConfig:
 
 RECIPES: dict[str, Callable[[], TrainConfig]] = {
     "smoke": smoke,
+    "learning": learning,
     "smoke_cpu": smoke_cpu,
     "single_gpu": single_gpu,
     "node_8gpu": node_8gpu,

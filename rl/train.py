@@ -52,7 +52,7 @@ if TYPE_CHECKING:  # these import torch and transformers: loaded when a run star
 
 log = logging.getLogger("cuda-agent.train")
 
-RECIPE_NAMES = ("smoke", "smoke_cpu", "single_gpu", "node_2gpu", "node_4gpu", "node_8gpu")
+RECIPE_NAMES = ("smoke", "learning", "smoke_cpu", "single_gpu", "node_2gpu", "node_4gpu", "node_8gpu")
 """`rl.recipes.RECIPES`' names (a test keeps them equal), here so that parsing needs no torch."""
 RUN_MARKER = ".cuda-agent-run"
 """The file that makes a directory a run's: `{"command": "train", "argv": [...], "time": ...}`."""

