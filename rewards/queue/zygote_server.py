@@ -250,20 +250,16 @@ def _cuda_touched() -> bool:
     return driver.cuDeviceGetCount(ctypes.byref(count)) != 3
 
 
-@functools.cache
 def _driver() -> ctypes.CDLL | None:
-    """The CUDA driver library, loaded once (loading it initialises nothing); None without one."""
-    try:
-        return ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
+    return _library("libcuda.so.1")
 
 
 @functools.cache
-def _nvml() -> ctypes.CDLL | None:
-    """The NVML library (loading it initialises nothing); None without one."""
+def _library(name: str) -> ctypes.CDLL | None:
+    """A driver library (libcuda.so.1, libnvidia-ml.so.1), loaded once: loading it initialises
+    nothing. None on a machine without it."""
     try:
-        return ctypes.CDLL("libnvidia-ml.so.1")
+        return ctypes.CDLL(name)
     except OSError:
         return None
 
@@ -306,7 +302,7 @@ def preload(warm_up: bool = True) -> tuple[float, str]:
     for name in PRELOAD:
         importlib.import_module(name)
     warmed = _warm_up() if warm_up else (0.0, "")
-    _release_nvml(_nvml())
+    _release_nvml(_library("libnvidia-ml.so.1"))
     gc.freeze()  # children copy fewer pages: the collector leaves the preloaded objects alone
     return warmed
 
