@@ -558,14 +558,76 @@ def test_local_blocks_built_through_a_list_are_local_modules():
 
 
 def test_unused_third_party_import_is_still_forbidden():
-    (finding,) = check_model_new(model_new(extra="import numpy"))
+    (finding,) = check_model_new(model_new(extra="import scipy"))
     assert finding.category is HackCategory.FORBIDDEN_IMPORT and finding.blocking
+
+
+def test_numpy_computes_constants_only():
+    honest = model_new(extra="import numpy as np\nfrom numpy import pi\nLIMIT = np.log(1 / 0.01)",
+                       forward="return cuda_extension.f(x, min(LIMIT, np.sqrt(pi)))")
+    assert check_model_new(honest) == []
+    for use, category in [("np.load('out.npy')", HackCategory.SANDBOX_ESCAPE), ("np.memmap('o')", HackCategory.SANDBOX_ESCAPE),
+                          ("np.array([1.0])", HackCategory.FORBIDDEN_IMPORT), ("np.exp(x)", HackCategory.FORBIDDEN_IMPORT)]:
+        source = model_new(extra="import numpy as np", forward=f"y = {use}\nreturn cuda_extension.f(x, y)")
+        assert category in {f.category for f in check_model_new(source) if f.blocking}, use
+    star = model_new(extra="from numpy import *")
+    assert HackCategory.FORBIDDEN_IMPORT in {f.category for f in check_model_new(star) if f.blocking}
+
+
+def test_a_global_that_builds_the_extension_once_is_not_state():
+    extra = "_ext = None\n\ndef _get():\n    global _ext\n    if _ext is None:\n        _ext = cuda_extension\n    return _ext\n"
+    source = model_new(extra=extra, init="self.ops = _get()", forward="return self.ops.f(_get().g(x))")
+    assert check_model_new(source) == []
+    cheat = extra.replace("_ext = cuda_extension", "_ext = cuda_extension.f(x)").replace("def _get():", "def _get(x=None):")
+    assert HackCategory.OUTPUT_CACHING in {f.category for f in check_model_new(model_new(extra=cheat)) if f.blocking}
+
+
+def test_a_single_file_build_once_getter_is_the_extension():
+    from agentcore.types import Task
+    from rewards.inline.prepare import check_source
+
+    source = (INLINE_FIXTURES / "relu_honest.py").read_text()
+    lazy = source.replace("relu = load_inline(", "_relu = None\n\n\ndef _build():\n    global _relu\n"
+                          "    if _relu is None:\n        _relu = load_inline(").replace(
+        '    extra_ldflags=[""],\n)\n', '    extra_ldflags=[""],\n        )\n    return _relu\n').replace(
+        "self.relu = relu", "self.relu = _build()")
+    assert "global _relu" in lazy and "return _relu" in lazy
+    assert check_source(lazy, Task(task_id="t", source=RELU_TASK)).verdict is None
+
+
+def test_torch_jit_queries_are_allowed_and_torch_jit_is_not():
+    source = model_new(forward="if torch.jit.is_scripting() or torch.jit.is_tracing():\n    pass\nreturn cuda_extension.f(x)")
+    assert check_model_new(source) == []
+    scripted = model_new(init="self.g = torch.jit.script(F.relu)")
+    assert HackCategory.TORCH_COMPUTE in {f.category for f in check_model_new(scripted) if f.blocking}
+
+
+def test_autocast_turned_off_is_allowed_and_on_is_global_state():
+    for off in ("torch.autocast('cuda', enabled=False)", "torch.cuda.amp.autocast(False)", "autocast(enabled=False)"):
+        source = model_new(extra="from torch.cuda.amp import autocast", forward=f"with {off}:\n    return cuda_extension.f(x)")
+        assert check_model_new(source) == [], off
+    for on in ("torch.autocast('cuda')", "torch.cuda.amp.autocast(enabled=True)", "torch.cuda.amp.autocast(enabled=self.amp)",
+               "autocast()"):
+        source = model_new(extra="from torch.cuda.amp import autocast", forward=f"with {on}:\n    return cuda_extension.f(x)")
+        assert HackCategory.GLOBAL_STATE in {f.category for f in check_model_new(source) if f.blocking}, on
 
 
 def test_stale_task_global_read_by_model_new_is_problem_shrinking():
     source = model_new(extra="features = 8", init="self.n = features")
     (finding,) = check_model_new(source, reference="features = 1024\n")
     assert finding.category is HackCategory.PROBLEM_SHRINKING and finding.blocking
+
+
+SIZED_STATE_TASK = "class Model(nn.Module):\n    def __init__(self, n):\n        self.h = torch.zeros(batch_size, n)\n\nbatch_size = 256\n"
+
+
+def test_stale_task_global_sizing_state_as_the_task_does_is_a_note():
+    source = model_new(extra="batch_size = 8", init="self.h = torch.zeros(batch_size, n)")
+    (finding,) = check_model_new(source, reference=SIZED_STATE_TASK)
+    assert finding.category is HackCategory.PROBLEM_SHRINKING and not finding.blocking
+    per_call = model_new(extra="batch_size = 8", init="self.h = torch.zeros(batch_size, n)",
+                         forward="return cuda_extension.f(x[:batch_size])")
+    assert HackCategory.PROBLEM_SHRINKING in {f.category for f in check_model_new(per_call, reference=SIZED_STATE_TASK) if f.blocking}
 
 
 def test_task_globals_may_be_computed_from_constants():

@@ -23,6 +23,12 @@ Policy decisions, in short:
   `.contiguous()` is allowed like the Python views.
 - What cannot run is not judged as if it did: a denied header or standard-library module that
   nothing uses is a note (HEADER_USES says what using a header looks like).
+- numpy computes constants only: its scalar maths, constants and dtypes (`np.log(1 / 0.01)`,
+  `np.pi`, as the tasks' own code uses them), never on a tensor in forward; its file and
+  raw-memory readers are a sandbox escape, the rest of it is denied.
+- Queries that only read torch's state (`torch.jit.is_scripting()`) and autocast turned off with
+  a literal `enabled=False` (nothing is lowered) are allowed; every other use of torch.jit and
+  autocast is denied by the prefix rules.
 - The tables are the same under both rule sets (`rewards.verdict.Rules`); under "kernelbench"
   a denial of torch doing part of the work becomes a "partial" note (`verdict.apply_rules`).
 """
@@ -51,6 +57,7 @@ ALLOWED_IMPORTS: dict[str, str] = {
     "warnings": "warnings about unsupported shapes or dtypes",
     "collections": "containers (OrderedDict for submodules); state on them is checked on its own",
     "collections.abc": "isinstance checks against Sequence and friends",
+    "numpy": "constants from literals and arguments; each use is checked on its own (NUMPY_CONSTANTS)",
 }
 
 # Names of allowed modules that are still denied: memoisation keeps outputs across calls.
@@ -58,6 +65,23 @@ STDLIB_DENIED: dict[str, tuple[H, str]] = {
     f"functools.{name}": (H.OUTPUT_CACHING, "memoises outputs across calls")
     for name in ("lru_cache", "cache", "cached_property")
 }
+
+NUMPY_CONSTANTS: frozenset[str] = frozenset(
+    f"numpy.{name}"
+    for name in "pi e inf nan euler_gamma newaxis abs absolute sqrt cbrt square exp exp2 expm1 log "
+    "log2 log10 log1p power sin cos tan arcsin arccos arctan arctan2 sinh cosh tanh arcsinh arccosh "
+    "arctanh hypot floor ceil trunc rint round sign maximum minimum fmax fmin clip prod deg2rad "
+    "rad2deg gcd lcm isclose isfinite isinf isnan float32 float64 double int8 int16 int32 int64 "
+    "uint8 bool_ finfo iinfo".split()
+)
+"""numpy names that compute a constant from literals and arguments: scalar maths, constants and
+(full-precision) dtypes. On a tensor in forward they compute on the host, which is denied."""
+NUMPY_CATEGORIES: dict[str, tuple[H, str]] = {
+    f"numpy.{name}": (H.SANDBOX_ESCAPE, "reads or writes files or raw memory")
+    for name in "load save savez savez_compressed savetxt loadtxt genfromtxt fromfile fromregex "
+    "frombuffer memmap lib DataSource ctypeslib".split()
+}
+"""numpy's data paths (a cached output read back); any other numpy name is a forbidden import."""
 
 IMPORT_CATEGORIES: dict[str, tuple[H, str]] = {
     "model": (H.INHERITS_REFERENCE, "imports the reference model"),
@@ -177,6 +201,22 @@ TORCH_PREFIX_RULES: tuple[tuple[str, H, str], ...] = (
     ("torch.ops", H.TORCH_COMPUTE, "aten and custom operators through the dispatcher"),
     ("torch._C", H.TORCH_COMPUTE, "private torch bindings"),
 )
+
+TORCH_QUERIES: dict[str, str] = {
+    "torch.jit.is_scripting": "a query: runs nothing of TorchScript",
+    "torch.jit.is_tracing": "a query: runs nothing of TorchScript",
+    "torch.compiler.is_compiling": "a query: runs nothing of torch.compile",
+}
+"""Allowed everywhere, before the prefix rules deny the rest of their namespace."""
+AUTOCAST_ENABLED_ARG: dict[str, int] = {
+    "torch.autocast": 2,
+    "torch.amp.autocast": 2,
+    "torch.cuda.amp.autocast": 0,
+    "torch.cpu.amp.autocast": 0,
+}
+"""Autocast constructors and the position of their `enabled` argument: with a literal False
+they turn autocast off (the harness's precision stays), which is allowed; `enabled` computed,
+or left at True, is a global-state finding."""
 
 # Low-precision dtypes (rewards/README.md, hack 12). Allowed only when the reference uses them.
 DOWNGRADE_DTYPES: tuple[str, ...] = (

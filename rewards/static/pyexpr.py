@@ -2,7 +2,8 @@
 
 A mixin of `rewards.static.python._Checker` (which owns the walk, the context and `flag`): a
 torch name is judged by `rewards.static.policy` (prefix rules first, then the allow-list; in
-`__init__` anything that creates parameters is fine), a method call by its receiver (self,
+`__init__` anything that creates parameters is fine), a numpy name by `P.NUMPY_CONSTANTS` (constants
+only), a method call by its receiver (self,
 a torch submodule, a tensor, a plain Python value), an operator by the types of its operands.
 Torch doing part of the work is flagged through `torch_work`, which names what torch does.
 """
@@ -75,6 +76,17 @@ class ExpressionChecks(TensorTyping):
             self.flag(node, H.INHERITS_REFERENCE, f"uses {q} from the reference model")
         elif top == "torch":
             self._check_torch(node, q)
+        elif top == "numpy":
+            self._check_numpy(node, q)
+
+    def _check_numpy(self, node: ast.AST, q: str) -> None:
+        if q in P.NUMPY_CONSTANTS:
+            return
+        for name, (category, why) in P.NUMPY_CATEGORIES.items():
+            if q == name or q.startswith(f"{name}."):
+                self.flag(node, category, f"{q}: {why}")
+                return
+        self.flag(node, H.FORBIDDEN_IMPORT, f"{q}: numpy may only compute constants (scalar maths, constants, dtypes)")
 
     def _check_stdlib_name(self, node: ast.AST, q: str) -> None:
         if q in P.STDLIB_DENIED:
@@ -82,6 +94,8 @@ class ExpressionChecks(TensorTyping):
             self.flag(node, category, f"{q}: {why}")
 
     def _check_torch(self, node: ast.AST, q: str) -> None:
+        if q in P.TORCH_QUERIES:
+            return
         for prefix, category, why in P.TORCH_PREFIX_RULES:
             if q.startswith(prefix):
                 self.flag(node, category, f"{q}: {why}")
@@ -110,6 +124,14 @@ class ExpressionChecks(TensorTyping):
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
+        q = qualname(func, self.facts.aliases, self.self_aliases())
+        if q in P.AUTOCAST_ENABLED_ARG and _disabled(node, P.AUTOCAST_ENABLED_ARG[q]):
+            for arg in [*node.args, *(k.value for k in node.keywords)]:
+                self.visit(arg)
+            return
+        if (q or "").startswith("numpy.") and self.ctx is not Ctx.INIT:
+            if any(self.is_tensor(a) for a in [*node.args, *(k.value for k in node.keywords)]):
+                self.flag(node, H.FORBIDDEN_IMPORT, f"{q} on a tensor computes on the host: numpy may only compute constants")
         if isinstance(func, ast.Name):
             self._check_named_call(node, func.id)
         elif (
@@ -332,6 +354,13 @@ class ExpressionChecks(TensorTyping):
                     node, "a gather (tensor index)", "indexing a tensor with a tensor runs a torch gather"
                 )
         self.generic_visit(node)
+
+
+def _disabled(call: ast.Call, position: int) -> bool:
+    """The autocast call passes a literal `enabled=False` (by keyword or at `position`)."""
+    given = [k.value for k in call.keywords if k.arg == "enabled"]
+    given += call.args[position : position + 1]
+    return len(given) == 1 and isinstance(given[0], ast.Constant) and given[0].value is False
 
 
 def _plain_prefix(attr: ast.expr) -> bool:

@@ -24,6 +24,7 @@ from rewards.static import policy as P
 from rewards.static.pyscope import (
     Scope,
     dead_task_copies,
+    global_reads,
     init_only,
     loaded_names,
     module_constants,
@@ -87,6 +88,13 @@ class ModuleFacts:
     task keeps them across calls, so a correct candidate must too."""
     reference_imports: set[str] = field(default_factory=set)
     """Top-level modules the reference imports (numpy, einops): already loaded by the task."""
+    extension_globals: set[str] = field(default_factory=set)
+    """Module-level names that hold only the extension or None (`global _ext; _ext = load_inline(
+    ...)` in a function that builds it once, rewritten to `cuda_extension`)."""
+    per_call_names: set[str] = field(default_factory=set)
+    """Like `loaded_names`, less what only `__init__` and the helpers only it calls read."""
+    reference_init_reads: set[str] = field(default_factory=set)
+    """Module-level names the reference Model's `__init__` reads (a batch_size sizing its state)."""
 
 
 def collect_facts(tree: ast.Module, reference: str | None) -> ModuleFacts:
@@ -101,7 +109,10 @@ def collect_facts(tree: ast.Module, reference: str | None) -> ModuleFacts:
             for a in node.names:
                 aliases[a.asname or a.name] = f"{node.module}.{a.name}"
     aliases |= _extension_aliases(tree, aliases)
-    facts = ModuleFacts(aliases, {}, {}, set(), False, {})
+    ext_globals = _extension_globals(tree, aliases)
+    aliases |= dict.fromkeys(ext_globals, "cuda_extension")
+    aliases |= {f"{name}()": "cuda_extension" for name in _extension_getters(tree, aliases)}
+    facts = ModuleFacts(aliases, {}, {}, set(), False, {}, extension_globals=ext_globals)
     local = {s.name for s in tree.body if isinstance(s, ast.ClassDef)}
     for stmt in tree.body:
         if isinstance(stmt, ast.ClassDef):
@@ -114,6 +125,10 @@ def collect_facts(tree: ast.Module, reference: str | None) -> ModuleFacts:
     facts.init_only = init_only(tree, scope)
     facts.dead_task_copies = dead_task_copies(tree, scope)
     facts.loaded_names = loaded_names(tree, facts.dead_task_copies)
+    builds = {id(fn) for key in facts.init_only if key in facts.functions for fn in [facts.functions[key]]}
+    builds |= {id(fn) for info in facts.classes.values() for name, fn in info.methods.items()
+               if name == "__init__" or f"{info.name}.{name}" in facts.init_only}  # fmt: skip
+    facts.per_call_names = loaded_names(tree, facts.dead_task_copies, frozenset(builds))
     facts.module_constants = module_constants(tree)
     for info in facts.classes.values():
         info.autograd = _is_autograd(info, facts)
@@ -130,6 +145,7 @@ def collect_facts(tree: ast.Module, reference: str | None) -> ModuleFacts:
         facts.reference_globals = _literal_globals(reference)
         facts.reference_state = _reference_state(reference)
         facts.reference_imports = _reference_imports(reference)
+        facts.reference_init_reads = _reference_init_reads(reference)
     return facts
 
 
@@ -148,6 +164,43 @@ def _extension_aliases(tree: ast.Module, aliases: dict[str, str]) -> dict[str, s
             if q is not None and q.split(".")[0] == "cuda_extension":
                 out |= {t.id: q for t in stmt.targets if isinstance(t, ast.Name)}
     return out
+
+
+def _extension_globals(tree: ast.Module, aliases: dict[str, str]) -> set[str]:
+    """Names a function declares `global` and that every store anywhere binds to None or to the
+    extension: the build-once singleton (`if _ext is None: _ext = load_inline(...)`)."""
+    declared = {name for n in ast.walk(tree) if isinstance(n, ast.Global) for name in n.names}
+    values: dict[int, ast.expr] = {
+        id(t): n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets
+    }
+    out = set()
+    for name in declared:
+        stores = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)]
+        if stores and all(id(n) in values and _none_or_extension(values[id(n)], aliases) for n in stores):
+            out.add(name)
+    return out
+
+
+def _none_or_extension(value: ast.expr, aliases: dict[str, str]) -> bool:
+    if isinstance(value, ast.Constant) and value.value is None:
+        return True
+    return (qualname(value, aliases, {}) or "").split(".")[0] == "cuda_extension"
+
+
+def _extension_getters(tree: ast.Module, aliases: dict[str, str]) -> set[str]:
+    """Module-level functions whose every `return` gives the extension (`return _ext` of the
+    build-once singleton): `getter().f(x)` calls the extension."""
+    out = set()
+    for fn in tree.body:
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and not fn.args.args and not fn.args.posonlyargs:
+            returns = [n.value for n in ast.walk(fn) if isinstance(n, ast.Return)]
+            if returns and all(r is not None and _none_or_extension(r, aliases) and not _is_none(r) for r in returns):
+                out.add(fn.name)
+    return out
+
+
+def _is_none(value: ast.expr) -> bool:
+    return isinstance(value, ast.Constant) and value.value is None
 
 
 def _assigned(stmt: ast.stmt) -> list[str]:
@@ -171,6 +224,16 @@ def _reference_imports(reference: str) -> set[str]:
     names = {a.name for s in tree.body if isinstance(s, ast.Import) for a in s.names}
     names |= {s.module for s in tree.body if isinstance(s, ast.ImportFrom) and s.module and not s.level}
     return {n.split(".")[0] for n in names}
+
+
+def _reference_init_reads(reference: str) -> set[str]:
+    try:
+        tree = ast.parse(reference)
+    except SyntaxError:
+        return set()
+    model = next((s for s in tree.body if isinstance(s, ast.ClassDef) and s.name == "Model"), None)
+    init = _methods(model).get("__init__") if model is not None else None
+    return global_reads(init) if init is not None else set()
 
 
 def _reference_state(reference: str) -> set[str]:
@@ -255,6 +318,10 @@ def _built_by_helper(
 def _record_attr(
     info: ClassFacts, attr: str, value: ast.expr, facts: ModuleFacts, local: set[str], scope: ast.AST
 ) -> None:
+    whole = qualname(value, facts.aliases, {})
+    if isinstance(value, ast.Call) and whole == "cuda_extension":  # self.ext = _get_ext()
+        info.aliases[attr] = whole
+        return
     kind = _built_by_helper(value, info, facts, local)
     if kind == "local":
         info.local_modules.add(attr)
@@ -339,6 +406,8 @@ def qualname(node: ast.expr, aliases: dict[str, str], self_aliases: dict[str, st
     """`F.relu` -> 'torch.nn.functional.relu' when the chain starts at an import or self.X alias."""
     if isinstance(node, ast.Name):
         return aliases.get(node.id)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args and not node.keywords:
+        return aliases.get(f"{node.func.id}()")  # a getter of the extension (`_ext()`)
     if not isinstance(node, ast.Attribute):
         return None
     if isinstance(node.value, ast.Name) and node.value.id == "self":

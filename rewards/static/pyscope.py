@@ -4,7 +4,8 @@
 functions reached from a class's `__init__` (called, or passed to a call such as
 `self.apply(self._init)`) and from nothing that runs per call; a function stored for later
 (`self.forward = self._fast`) runs per call. `dead_task_copies` finds copies of get_inputs /
-get_init_inputs that nothing refers to, `loaded_names` the module-level names live code reads,
+get_init_inputs that nothing refers to, `loaded_names` the module-level names live code reads
+(`global_reads` those one function reads),
 `constant_value` / `module_constants` fold constant expressions without running anything. Used
 by `rewards.static.pyfacts` (the facts of one file) and `rewards.static.python` (the walk).
 """
@@ -91,11 +92,12 @@ def dead_task_copies(tree: ast.Module, scope: Scope) -> set[str]:
     return copies - used
 
 
-def loaded_names(tree: ast.Module, dead: set[str]) -> set[str]:
+def loaded_names(tree: ast.Module, dead: set[str], skip: frozenset[int] = frozenset()) -> set[str]:
     """Module-level names that live code reads (a function's own parameters and locals shadow
     them). Dead task copies are not live, and a module-level `x = f(y)` reads `y` only when `x`
     is itself read (`bias_shape = out_channels` read only by a dead get_init_inputs) and the
-    value calls nothing (a call runs at import whoever reads the result)."""
+    value calls nothing (a call runs at import whoever reads the result). The bodies of the
+    functions in `skip` (node ids) are left out, except the lambdas they make."""
     live: set[str] = set()
     bindings: list[tuple[set[str], set[str]]] = []  # (targets, names read by the value)
     for stmt in tree.body:
@@ -104,10 +106,10 @@ def loaded_names(tree: ast.Module, dead: set[str]) -> set[str]:
         pure = not any(isinstance(n, (ast.Call, ast.Await, ast.NamedExpr)) for n in ast.walk(stmt))
         if pure and isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) for t in stmt.targets):
             reads: set[str] = set()
-            _global_loads(stmt.value, frozenset(), reads)
+            _global_loads(stmt.value, frozenset(), reads, skip)
             bindings.append(({t.id for t in stmt.targets}, reads))
         else:
-            _global_loads(stmt, frozenset(), live)
+            _global_loads(stmt, frozenset(), live, skip)
     while True:
         more = set().union(*(reads for targets, reads in bindings if targets & live)) - live
         if not more:
@@ -115,12 +117,19 @@ def loaded_names(tree: ast.Module, dead: set[str]) -> set[str]:
         live |= more
 
 
-def _global_loads(node: ast.AST, local: frozenset[str], out: set[str]) -> None:
+def global_reads(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """The names `fn` reads from module level (its parameters and locals shadow them)."""
+    out: set[str] = set()
+    _global_loads(fn, frozenset(), out)
+    return out
+
+
+def _global_loads(node: ast.AST, local: frozenset[str], out: set[str], skip: frozenset[int] = frozenset()) -> None:
     if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in local:
         out.add(node.id)
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
         for child in ast.iter_child_nodes(node):
-            _global_loads(child, local, out)
+            _global_loads(child, local, out, skip)
         return
     args = node.args
     for expr in [*getattr(node, "decorator_list", []), *args.defaults, *(d for d in args.kw_defaults if d)]:
@@ -131,8 +140,10 @@ def _global_loads(node: ast.AST, local: frozenset[str], out: set[str]) -> None:
     stored = {n.id for b in body for n in ast.walk(b) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
     declared = {name for b in body for n in ast.walk(b) if isinstance(n, ast.Global) for name in n.names}
     inner = local | ((params | stored) - declared)
+    if id(node) in skip:  # runs while the model is built; a lambda it makes may run per call
+        body = [n for b in body for n in ast.walk(b) if isinstance(n, ast.Lambda)]
     for b in body:
-        _global_loads(b, frozenset(inner), out)
+        _global_loads(b, frozenset(inner), out, skip)
 
 
 _BINOPS = {

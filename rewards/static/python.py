@@ -133,9 +133,13 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
                 "relative import: only torch, cuda_extension and the stdlib allow-list",
             )
         elif node.module:
-            self._check_module(node, node.module)
-            for a in node.names:
-                self._check_stdlib_name(node, f"{node.module}.{a.name}")
+            names = [f"{node.module}.{a.name}" for a in node.names]
+            if not all(n in P.TORCH_QUERIES or n in P.AUTOCAST_ENABLED_ARG for n in names):
+                self._check_module(node, node.module)  # else each use is judged where it is made
+            for name in names:
+                self._check_stdlib_name(node, name)
+                if name.split(".")[0] == "numpy":
+                    self._check_numpy(node, name)
 
     def _check_module(self, node: ast.Import | ast.ImportFrom, name: str) -> None:
         if name in P.ALLOWED_IMPORTS:
@@ -201,7 +205,7 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
         for d in node.decorator_list:
             self.visit(d)
         saved = (self.ctx, self.func, self.tensors, self.params, self.locals, self.module_vars,
-                 self.autograd_ctx, self.fn_node, self.rebound)  # fmt: skip
+                 self.autograd_ctx, self.fn_node, self.rebound, self.facts.aliases)  # fmt: skip
         inner_of_init = self.ctx is Ctx.INIT and self.fn_node is not None and only_called(node.name, self.fn_node)
         self.func = self._key(node.name)
         self.ctx = Ctx.INIT if inner_of_init or self._builds_only(node, task_copy) else Ctx.RUNTIME
@@ -217,6 +221,7 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
         self.locals = set(names) | {
             n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
         }
+        self.facts.aliases = self.facts.aliases | _local_extension(node, self.facts.aliases, names)
         self.tensors = set(self.tensor_params.get(self.func, set()))
         if node.name == "forward" and self.cls is not None:
             self.tensors |= {a.arg for a in node.args.args[1:] if not is_scalar_annotation(a)}
@@ -228,7 +233,7 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
         for stmt in node.body:
             self.visit(stmt)
         (self.ctx, self.func, self.tensors, self.params, self.locals, self.module_vars,
-         self.autograd_ctx, self.fn_node, self.rebound) = saved  # fmt: skip
+         self.autograd_ctx, self.fn_node, self.rebound, self.facts.aliases) = saved  # fmt: skip
 
     visit_AsyncFunctionDef = visit_FunctionDef
 
@@ -272,7 +277,8 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
     visit_TryStar = visit_Try
 
     def visit_Global(self, node: ast.Global | ast.Nonlocal) -> None:
-        if self.ctx is not Ctx.MODULE:
+        singleton = isinstance(node, ast.Global) and set(node.names) <= self.facts.extension_globals
+        if self.ctx is not Ctx.MODULE and not singleton:  # building the extension once is no state
             self.flag(
                 node,
                 H.OUTPUT_CACHING,
@@ -376,13 +382,23 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
             if mine == ref[target.id]:
                 return
             shown = f"{target.id} = {ast.unparse(value)[:40]}, the task's {ref[target.id]!r}"
-            if target.id in self.facts.loaded_names:
+            if target.id in self.facts.loaded_names and self._sizes_state_as_the_task_does(target.id):
+                self.flag(node, H.PROBLEM_SHRINKING, f"a copy of the task's global with another value ({shown}), "
+                          "read only while the model is built, as the task's Model.__init__ reads it",
+                          blocking=False)  # fmt: skip
+            elif target.id in self.facts.loaded_names:
                 self.flag(node, H.PROBLEM_SHRINKING, f"rebinds the task's global {target.id} to a "
                           f"different value and uses it ({shown})")  # fmt: skip
             else:
                 self.flag(node, H.PROBLEM_SHRINKING, f"a copy of the task's global with another value "
                           f"({shown}) that nothing here reads: the harness draws inputs from the task itself",
                           blocking=False)  # fmt: skip
+
+    def _sizes_state_as_the_task_does(self, name: str) -> bool:
+        """The task's Model.__init__ reads the global `name` (an RNN sizing its hidden state by
+        batch_size) and here only code that runs while the model is built reads it: the copy
+        mirrors the task's own construction; what forward computes never reads it."""
+        return name in self.facts.reference_init_reads and name not in self.facts.per_call_names
 
     def _bind(self, target: ast.expr, value: ast.expr) -> None:
         if isinstance(target, ast.Name):
@@ -400,6 +416,23 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
 
 
 _STDLIB = sys.stdlib_module_names  # importing an unused stdlib module runs nothing of the candidate's
+
+
+def _local_extension(fn: ast.FunctionDef | ast.AsyncFunctionDef, aliases: dict[str, str], params: list[str]) -> dict[str, str]:
+    """Local names every store in `fn` binds to the extension (`ops = _get_ext()`)."""
+    values: dict[str, list[ast.expr | None]] = {}
+    for node in ast.walk(fn):
+        for t in node.targets if isinstance(node, ast.Assign) else ():
+            if isinstance(t, ast.Name):
+                values.setdefault(t.id, []).append(node.value)
+    stores = [n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+    out = {}
+    for name, bound in values.items():
+        qs = {qualname(v, aliases, {}) for v in bound}
+        q = qs.pop() if len(qs) == 1 else None
+        if q and q.split(".")[0] == "cuda_extension" and stores.count(name) == len(bound) and name not in params:
+            out[name] = q
+    return out
 
 
 def _own_state(target: ast.expr, state: set[str]) -> bool:
