@@ -43,7 +43,7 @@ import torch
 
 from rewards.verify import probes
 from rewards.verify.audit import OpAudit, gpu_events
-from rewards.verify.inputs import TaskModule, draw_inputs, load_task
+from rewards.verify.inputs import TaskModule, draw_inputs, load_task, probe_inputs
 from rewards.verify.wire import (
     BlobWriter,
     Bye,
@@ -260,6 +260,8 @@ class Session:
 
     def _inputs(self, msg: Trial) -> list:
         drawn = draw_inputs(self.task, seed=msg.seed, variant=msg.variant, scale=msg.scale, device=str(self.device))
+        if msg.probe:
+            probe_inputs(drawn, msg.probe)
         old = self.inputs
         if msg.reuse_buffers and old is not None and _same_layout(old, drawn):
             for target, value in zip(old, drawn):

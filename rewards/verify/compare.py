@@ -2,6 +2,7 @@
 
 What it is: `check_output(out, ref)` (shape, dtype, non-finite values, elementwise tolerance),
 `precision_error(out, ref)` (how far below the reference's precision the output is),
+`mantissa_change(...)` (how an output follows the inputs' low mantissa bits, against the reference),
 `typical_magnitude(ref)` (the output's scale, for the atol of the input variants), and the
 primitives `rewards.verify.judge` uses to spot degenerate and replayed outputs (`is_constant`,
 `samples`, `mean_abs`, `spread`). Large tensors are processed in chunks, in float64, on their device.
@@ -20,7 +21,14 @@ outputs are also held to their dtype's precision: the normalised mean error
 mean(|out - ref| / (|ref| + rms(ref))) must stay below max(floor, factor x the same error of the
 exact-fp32 reference against a float64 one) when a float64 reference was affordable, else
 below the floor. fp16 rounding alone gives ~1e-4 on this scale, bf16 ~1e-3, TF32 GEMMs ~1e-4;
-honest fp32 kernels with another summation order stay near 1e-7..1e-6.
+honest fp32 kernels with another summation order stay near 1e-7..1e-6. But honest fp32
+approximations land in fp16's range too (a tanh GELU 2e-5..1e-4, an in-order sum of 0.5-1M
+terms 2e-5..8e-5), so for float32 outputs the magnitude alone decides nothing between the floor
+and `APPROXIMATION_FLOOR`: there the mantissa probe does (`mantissa_change`, on inputs from
+`rewards.verify.inputs.probe_inputs`). A candidate that computes on inputs converted to fp16,
+bf16 or TF32 gives the same output for two inputs that differ only in the bits the conversion
+drops, and an output rounded to fp16 or bf16 mostly so, where an fp32 computation's output
+changes as the reference's does.
 
 The atol is KernelBench's for its own inputs. The "signed" and "scaled" input variants
 (`rewards.verify.inputs`) make long sums cancel: an output element near 0 is then the difference
@@ -60,6 +68,24 @@ TOLERANCES: dict[torch.dtype, Tolerance] = {
     torch.float16: Tolerance(atol=1e-2, rtol=1e-2, precision_floor=2e-3),
     torch.bfloat16: Tolerance(atol=2e-2, rtol=2e-2, precision_floor=1.6e-2),
 }
+
+
+# Past the dtype floor, a float32 output the mantissa probe finds following its inputs' low bits
+# is an fp32 approximation, held only to this: a tenth of KernelBench's rtol, ten times the
+# largest honest approximation seen (a tanh GELU, 1.1e-4).
+APPROXIMATION_FLOOR = 1e-3
+# The probe's eligible elements are the outputs whose reference change is PROBE_SIGNAL x the
+# reference's own fp32 error (its mean error against float64, at least PROBE_MIN_NOISE) or more;
+# one of them is frozen where the candidate's change is under PROBE_FROZEN x the reference's. With
+# at least PROBE_MIN_ELIGIBLE of them, more than PROBE_FROZEN_SHARE frozen is a downgrade: inputs
+# converted freeze all, an output rounded to fp16 about half or more (its change is a whole fp16
+# unit or nothing), an fp32 computation a few percent at most (where its own rounding noise
+# happens to cancel the change).
+PROBE_SIGNAL = 4.0
+PROBE_MIN_NOISE = 2.0**-20
+PROBE_FROZEN = 0.1
+PROBE_MIN_ELIGIBLE = 16
+PROBE_FROZEN_SHARE = 1 / 3
 
 
 def tolerance_for(dtype: torch.dtype, atol: float | None = None, rtol: float | None = None) -> Tolerance | None:
@@ -176,6 +202,44 @@ def precision_error(out: torch.Tensor, ref: torch.Tensor) -> float:
         total += float(torch.where(both, err, 0.0).sum())
         count += int(both.sum())
     return total / count if count else 0.0
+
+
+class ProbeChange(Struct, frozen=True, kw_only=True):
+    """How outputs changed between the mantissa probe's two inputs (sums over outputs add up)."""
+
+    elements: int = 0  # finite in all four tensors
+    eligible: int = 0  # whose reference change stands out of the reference's fp32 noise
+    frozen: int = 0  # eligible ones whose candidate change is under PROBE_FROZEN x the reference's
+    cand_change: float = 0.0  # summed normalised changes over the eligible elements
+    ref_change: float = 0.0
+
+    def __add__(self, other: ProbeChange) -> ProbeChange:
+        return ProbeChange(elements=self.elements + other.elements, eligible=self.eligible + other.eligible,
+                           frozen=self.frozen + other.frozen, cand_change=self.cand_change + other.cand_change,
+                           ref_change=self.ref_change + other.ref_change)
+
+
+def mantissa_change(cand_near: torch.Tensor, cand_rounded: torch.Tensor, ref_near: torch.Tensor,
+                    ref_rounded: torch.Tensor, noise: float = 0.0) -> ProbeChange:
+    """Element by element, the candidate's change |cand_near - cand_rounded| against the
+    reference's |ref_near - ref_rounded|, both normalised as `precision_error` normalises
+    (by |ref_near| + rms(ref_near)). `noise` is the reference's own normalised fp32 error."""
+    threshold = PROBE_SIGNAL * max(noise, PROBE_MIN_NOISE)
+    scale = rms(ref_near) or 1.0
+    total = ProbeChange()
+    chunks = (t.to(ref_near.device).reshape(-1).split(CHUNK) for t in (cand_near, cand_rounded, ref_near, ref_rounded))
+    for cn, cr, rn, rr in zip(*chunks):
+        cn, cr, rn, rr = (t.to(torch.float64) for t in (cn, cr, rn, rr))
+        finite = torch.isfinite(cn) & torch.isfinite(cr) & torch.isfinite(rn) & torch.isfinite(rr)
+        denom = rn.abs() + scale
+        ref_change = torch.where(finite, (rn - rr).abs() / denom, 0.0)
+        cand_change = torch.where(finite, (cn - cr).abs() / denom, 0.0)
+        eligible = ref_change > threshold
+        frozen = eligible & (cand_change < PROBE_FROZEN * ref_change)
+        total = total + ProbeChange(
+            elements=int(finite.sum()), eligible=int(eligible.sum()), frozen=int(frozen.sum()),
+            cand_change=float(cand_change[eligible].sum()), ref_change=float(ref_change[eligible].sum()))
+    return total
 
 
 def is_constant(t: torch.Tensor) -> bool:

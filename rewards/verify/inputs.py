@@ -5,7 +5,8 @@ What it is: `load_task(source)` runs a KernelBench-format model.py in a fresh na
 `draw_inputs(task, seed=, variant=, scale=, device=)` calls its `get_inputs()` with the global
 RNG seeded and with `torch.rand`/`torch.randn` (and their `_like` forms) replaced for the
 variant; `plan_trials(...)` lays out the trials of a verification; `derive_seed` turns the one
-hidden seed into per-trial seeds.
+hidden seed into per-trial seeds; `probe_inputs(inputs, probe)` clears the mantissa bits of the
+precision probe.
 
 What it is not: no comparison and no process handling. Both sides import it: the trusted parent
 draws the inputs for its reference, the candidate child draws the same ones from the same
@@ -117,6 +118,37 @@ def draw_inputs(task: TaskModule, *, seed: int, variant: str, scale: float, devi
     with torch.no_grad(), torch.device(device), _random_draws(variant, scale):
         inputs = list(task.get_inputs())
     return [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+# The mantissa probe (rewards/README.md, hack 12): two versions of a trial's float32 inputs that
+# every conversion to 10 or fewer mantissa bits (fp16 and TF32 keep 10, bf16 keeps 7) maps to the
+# same values, whether it rounds to nearest or truncates. Both clear bit 15 of the 23, the highest
+# bit bf16 drops; "near" also clears bit 12, the highest a 10-bit conversion drops, "rounded" the
+# low 13 bits (it keeps 10). What a conversion drops of "near" is then under half a unit of its
+# last kept bit, so every rounding goes down: to "rounded" for 10 bits, and for 7 bits to what
+# "rounded" goes to as well. A candidate that converts its inputs computes the same thing on
+# both; an fp32 one changes with them as the reference does.
+PROBES = {"near": ~((1 << 15) | (1 << 12)), "rounded": ~((1 << 15) | ((1 << 13) - 1))}
+
+
+def probe_inputs(inputs: list, probe: str) -> list:
+    """Clear the mantissa bits of `PROBES[probe]` in every float32 tensor of `inputs`, in place;
+    other tensors and values are left alone. An inf keeps its (zero) mantissa, a quiet NaN its
+    quiet bit. Returns `inputs`."""
+    import torch
+
+    mask = PROBES[probe]
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.dtype == torch.float32:
+            x.view(torch.int32).bitwise_and_(mask)
+    return inputs
+
+
+def probed(inputs: list) -> bool:
+    """Whether the probe changes anything of `inputs`' kind: they hold a float32 tensor."""
+    import torch
+
+    return any(isinstance(x, torch.Tensor) and x.dtype == torch.float32 for x in inputs)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+import torch
 from msgspec import Struct
 
 from rewards.verdict import PARTIAL, Rules, Verdict, VerdictStatus
@@ -50,7 +51,11 @@ from rewards.verify.wire import Loaded, OutputInfo, Snapshot, TrialReport
 # - two runs on the same inputs under different allocator poison disagree: NONDETERMINISM (17);
 # - a constant output for a non-constant reference, or an input returned unchanged:
 #   DEGENERATE_OUTPUT (13);
-# - outputs within tolerance but far below their dtype's precision: PRECISION_DOWNGRADE (12);
+# - outputs within tolerance but far below their dtype's precision: PRECISION_DOWNGRADE (12).
+#   For float32 outputs past the dtype floor, the mantissa probe decides (`probe_wanted`,
+#   `mantissa_probe`): outputs frozen when the inputs' low mantissa bits change are a downgrade;
+#   outputs that follow them are an fp32 approximation, held only to `APPROXIMATION_FLOOR`;
+#   no probe (no float32 input, too few outputs the bits move) leaves the dtype floor;
 # - not a plain tensor with storage (a subclass, meta, lazy): LAZY_TENSOR (9).
 PRECEDENCE = (
     H.LAZY_TENSOR, H.MONKEY_PATCH, H.PROBLEM_SHRINKING, H.GLOBAL_STATE, H.BACKGROUND_WORKER,
@@ -109,8 +114,9 @@ class Judge:
         self.memories: list[_Memory] = []
         self.pairs: dict[int, tuple[bool, tuple[str, ...]]] = {}
         self.first_runs: list[tuple[bool, bool]] = []  # (inputs reused, passed)
-        self.precision: list[tuple[float, float]] = []  # (error, floor) of passing outputs
+        self.precision: list[tuple[float, float, bool]] = []  # (error, floor, float32) of passing outputs
         self.calibration: list[float] = []
+        self.probe: compare.ProbeChange | None = None  # the mantissa probe's outputs, when it ran
         self.torch_work: set[str] = set()  # torch ops and kernels allowed under kernelbench rules
         self.reference_ops: Mapping[str, int] = {}  # compute ops of the reference's forward -> calls
         self.library_kernels: frozenset[str] = frozenset()  # kernels the reference runs off its stream
@@ -265,8 +271,45 @@ class Judge:
         for out, ref in zip(outs, refs):
             tol = compare.tolerance_for(out.dtype)
             if tol is not None:
-                self.precision.append((compare.precision_error(out, ref), tol.precision_floor))
+                error = compare.precision_error(out, ref)
+                self.precision.append((error, tol.precision_floor, out.dtype == torch.float32))
         self.calibration += calibration or []
+
+    # -- the mantissa probe --------------------------------------------------------------------
+
+    def probe_wanted(self) -> bool:
+        """Whether the verdict hangs on the mantissa probe: nothing else decides it, and every
+        output past its dtype floor is a float32 one within `APPROXIMATION_FLOOR`."""
+        if self.evidence or self.error is not None:
+            return False
+        noise = self._fp32_noise()
+        past = [(err, fp32) for err, floor, fp32 in self.precision if err > max(floor, noise)]
+        return bool(past) and all(fp32 and err <= max(compare.APPROXIMATION_FLOOR, noise) for err, fp32 in past)
+
+    def probe_outputs(self, trial: int, infos: tuple[OutputInfo, ...], outs: list, refs: list) -> bool:
+        """Check one probe run's outputs like a trial's (without float64, on the task's own
+        inputs); True when every output is within tolerance."""
+        if not self._layout_ok(trial, infos, refs):
+            return False
+        passed = True
+        for i, (out, ref) in enumerate(zip(outs, refs)):
+            check = compare.check_output(out, ref, self.s.atol, self.s.rtol)
+            if check.status is not VerdictStatus.OK:
+                self.fail(check.status, f"mantissa probe, output {i}: {check.message}", trial)
+                passed = False
+        return passed
+
+    def mantissa_probe(self, cand_near: list, cand_rounded: list, ref_near: list, ref_rounded: list) -> None:
+        """Record how the float32 outputs changed between the probe's two inputs
+        (`rewards.verify.inputs.PROBES`), the candidate's against the reference's."""
+        noise = max(self.calibration, default=0.0)
+        total = compare.ProbeChange()
+        for cn, cr, rn, rr in zip(cand_near, cand_rounded, ref_near, ref_rounded):
+            if rn.dtype == torch.float32:
+                total = total + compare.mantissa_change(cn, cr, rn, rr, noise)
+        self.probe = total
+        ratio = total.cand_change / total.ref_change if total.ref_change else None
+        self.details |= {"probe_eligible": total.eligible, "probe_frozen": total.frozen, "probe_change": ratio}
 
     def _remember_run(self, trial, run, reused, passed, outs, digests, refs) -> None:
         if run == 0:
@@ -312,16 +355,32 @@ class Judge:
             self.hack(H.OUTPUT_CACHING, "wrong only when the inputs arrive in the previous trial's tensors: "
                       "a cache keyed on input pointers")
 
+    def _fp32_noise(self) -> float:
+        return self.s.precision_factor * max(self.calibration, default=0.0)
+
     def _precision_verdict(self) -> None:
         if not self.precision:
             return
-        fp32_noise = self.s.precision_factor * max(self.calibration, default=0.0)
-        worst, allowed = max(((err, max(floor, fp32_noise)) for err, floor in self.precision),
-                             key=lambda pair: pair[0] / pair[1])
-        self.details |= {"precision_err": worst, "precision_allowed": allowed}
-        if worst > allowed:
+        probe = self.probe
+        signal = probe is not None and probe.eligible >= compare.PROBE_MIN_ELIGIBLE
+        fp32_noise = self._fp32_noise()
+
+        def allowed(floor: float, fp32: bool) -> float:
+            return max(compare.APPROXIMATION_FLOOR if fp32 and signal else floor, fp32_noise)
+
+        worst, limit = max(((err, allowed(floor, fp32)) for err, floor, fp32 in self.precision),
+                           key=lambda pair: pair[0] / pair[1])
+        self.details |= {"precision_err": worst, "precision_allowed": limit}
+        if signal and probe.frozen > compare.PROBE_FROZEN_SHARE * probe.eligible:
+            self.hack(H.PRECISION_DOWNGRADE, f"outputs are within tolerance (normalised error {worst:.2e}) "
+                      f"but do not follow the inputs' low mantissa bits: with the bits an fp16, bf16 or "
+                      f"TF32 conversion drops cleared, {probe.frozen} of {probe.eligible} outputs that "
+                      f"change in the reference change by under {compare.PROBE_FROZEN:.0%} as much: "
+                      "computed on inputs or outputs rounded below fp32")
+        elif worst > limit:
+            unprobed = "" if signal or probe is None else " (the mantissa probe moved too few outputs to tell)"
             self.hack(H.PRECISION_DOWNGRADE, f"outputs are within tolerance but their normalised error "
-                      f"{worst:.2e} exceeds {allowed:.2e}: computed below the reference's precision")
+                      f"{worst:.2e} exceeds {limit:.2e}: computed below the reference's precision{unprobed}")
 
     def verdict(self, trials: int) -> Verdict:
         self._pointer_cache()

@@ -4,10 +4,13 @@ What it is: `Verification(request, work_dir, transfer, child, deadline).run()` p
 precision, builds the reference Model under the init seed, ships its state_dict to the child,
 then for every planned trial draws the inputs, computes the reference (exact fp32, and float64
 for the first trials when cheap), asks the child for one or two forward runs, reads the outputs
-back and feeds the `Judge`. A variant whose reference is not finite (a log of a negative
-input) falls back to the task's own distribution for that trial. When the candidate's profiled
-forward runs kernels off the harness stream, the reference is profiled once on the same inputs,
-so that the judge can tell a library's internal streams from the candidate's own. Once the
+back and feeds the `Judge`. A variant whose reference is not finite (a log of a negative input)
+falls back to the task's own distribution for that trial. When the precision verdict hangs on it
+(`Judge.probe_wanted`), the mantissa probe follows: two more forward runs on the first trial's
+inputs with the low mantissa bits an fp16, bf16 or TF32 conversion drops cleared
+(`rewards.verify.inputs.PROBES`). When the candidate's profiled forward runs kernels off the
+harness stream, the reference is profiled once on the same inputs, so that the judge can tell a
+library's internal streams from the candidate's own. Once the
 candidate has run, an exception in the trial loop is a RUNTIME_ERROR verdict naming it (and
 logged with its traceback): the candidate's process shares the GPU's memory and the scratch dir,
 and its outputs and reports are what the judge reads. A CUDA error of this process other than out of
@@ -40,7 +43,16 @@ from rewards.verify.audit import (
     sources_call_vendor,
     task_allows_vendor,
 )
-from rewards.verify.inputs import TrialSpec, derive_seed, draw_inputs, load_task, plan_trials
+from rewards.verify.inputs import (
+    PROBES,
+    TrialSpec,
+    derive_seed,
+    draw_inputs,
+    load_task,
+    plan_trials,
+    probe_inputs,
+    probed,
+)
 from rewards.verify.judge import Judge, JudgeSettings
 from rewards.verify.phases import Phases
 from rewards.verify.probes import fingerprint, pin_precision
@@ -150,6 +162,8 @@ class Verification:
                 if variant is None:
                     break
                 done, variants = done + 1, variants + [variant]
+            if done == len(plan) and self.judge.probe_wanted():
+                self._mantissa_probe(plan[0], index=done)
         except Exception as exc:  # noqa: BLE001 - see candidate_caused
             if not candidate_caused(exc):
                 raise
@@ -276,6 +290,40 @@ class Verification:
             with self.phases.phase("trial.release"):
                 torch.cuda.empty_cache()  # the child needs the memory more than our cache does
         return variant
+
+    def _mantissa_probe(self, spec: TrialSpec, index: int) -> None:
+        """Run the candidate on `spec`'s inputs under each of `PROBES` (fresh tensors, no
+        poison, audited like any run) and give the judge both runs' outputs and references."""
+        runs = []
+        for probe in PROBES:
+            with self.phases.phase("probe.reference", sync=True), torch.no_grad():
+                inputs = draw_inputs(self.task, seed=spec.seed, variant=spec.variant, scale=spec.scale,
+                                     device=str(self.device))
+                if not probed(inputs):
+                    self.judge.details["probe"] = "no float32 input"
+                    return
+                probe_inputs(inputs, probe)
+                expected = tuple(fingerprint(x) for x in inputs if isinstance(x, torch.Tensor))
+                refs = [r.detach() for r in _as_list(self.model(*inputs))]
+                del inputs
+            msg = Trial(index=index, run=self.runs, seed=spec.seed, variant=spec.variant, scale=spec.scale,
+                        reuse_buffers=False, poison=None, expected_nbytes=tuple(_nbytes([r]) for r in refs),
+                        audit=True, profile=False, share_cuda=self.device.type == "cuda" and self.config.share_cuda,
+                        probe=probe)
+            self.runs += 1
+            with self.phases.phase("probe.candidate"):
+                report = self._call(msg, self.config.trial_timeout_s)
+            self.phases.merge(getattr(report, "phases_ms", {}), prefix="child.probe.")
+            if not self._observed(report, expected, index):
+                return
+            with self.phases.phase("probe.outputs", sync=True):
+                outs = self._outputs(report)
+            if outs is None or not self.judge.probe_outputs(index, report.outputs, outs, refs):
+                return
+            runs.append((outs, refs))
+        (cand_near, ref_near), (cand_rounded, ref_rounded) = runs
+        with self.phases.phase("probe.judge"):
+            self.judge.mantissa_probe(cand_near, cand_rounded, ref_near, ref_rounded)
 
     def _observed(self, report, expected: tuple[str, ...], index: int) -> bool:
         if not isinstance(report, TrialReport):

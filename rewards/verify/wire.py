@@ -91,6 +91,7 @@ class Trial(_ParentMsg, tag="trial"):
     audit: bool  # run under the dispatch audit
     profile: bool  # run under torch.profiler (GPU) and report kernel events
     share_cuda: bool = False  # send CUDA outputs by IPC (CudaShare) instead of blob files
+    probe: str = ""  # a name in rewards.verify.inputs.PROBES: clear those mantissa bits of the inputs
 
 
 class Bye(_ParentMsg, tag="bye"):
