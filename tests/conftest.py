@@ -120,3 +120,15 @@ def workspace_root():
     path.chmod(0o711)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def child(tmp_path_factory):
+    """A verification child process (rewards.verify.verifier.CandidateProcess), shared by the
+    tests of one module that verify candidates on the CPU."""
+    from rewards.verify.verifier import CandidateProcess
+
+    process = CandidateProcess(tmp_path_factory.mktemp("child"))
+    process.start()
+    yield process
+    process.close()

@@ -22,7 +22,7 @@ from rewards.queue.worker import Worker, _failed
 from rewards.verdict import VerdictStatus as S
 from rewards.verify.judge import Judge
 from rewards.verify.trials import Verification, candidate_caused
-from rewards.verify.verifier import CandidateProcess, VerifyConfig, VerifyRequest, run_verification
+from rewards.verify.verifier import VerifyConfig, VerifyRequest, run_verification
 
 TASK = """
 import torch
@@ -65,14 +65,6 @@ for transfer in glob.glob("{work_dir}/xfer-*"):
     os.remove(os.path.join(transfer, "state.bin"))
     os.mkdir(os.path.join(transfer, "state.bin"))
 """ + HONEST_TORCH
-
-
-@pytest.fixture(scope="module")
-def child(tmp_path_factory):
-    process = CandidateProcess(tmp_path_factory.mktemp("child"))
-    process.start()
-    yield process
-    process.close()
 
 
 def verify(child, tmp_path: Path, text: str):

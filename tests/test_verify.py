@@ -93,14 +93,6 @@ def candidate(forward: str, *, init: str = "", prelude: str = "") -> str:
     )
 
 
-@pytest.fixture(scope="module")
-def child(tmp_path_factory):
-    process = CandidateProcess(tmp_path_factory.mktemp("child"))
-    process.start()
-    yield process
-    process.close()
-
-
 def verify_text(child, tmp_path: Path, text: str, **config):
     cand = tmp_path / "cand"
     cand.mkdir(exist_ok=True)

@@ -22,7 +22,6 @@ from rewards.verify.compare import (
 from rewards.verify.inputs import probe_inputs
 from rewards.verify.judge import Judge, JudgeSettings
 from rewards.verify.verifier import (
-    CandidateProcess,
     VerifyConfig,
     VerifyRequest,
     run_verification,
@@ -53,14 +52,6 @@ LINEAR = task("torch.relu(self.linear(xs[0]))", "[torch.rand(64, 256)]",
               init="self.linear = nn.Linear(256, 256)")
 LINEAR_INIT = "self.linear = nn.Linear(256, 256)"
 W, B = "self.linear.weight", "self.linear.bias"
-
-
-@pytest.fixture(scope="module")
-def child(tmp_path_factory):
-    process = CandidateProcess(tmp_path_factory.mktemp("child"))
-    process.start()
-    yield process
-    process.close()
 
 
 def verify(child, tmp_path: Path, task_source: str, text: str):

@@ -32,7 +32,6 @@ from rewards.verify.audit import (
 )
 from rewards.verify.judge import Judge, JudgeSettings
 from rewards.verify.verifier import (
-    CandidateProcess,
     VerifyConfig,
     VerifyRequest,
     run_verification,
@@ -75,14 +74,6 @@ class ModelNew(nn.Module):
     def forward(self, x):
         return {forward}
 """
-
-
-@pytest.fixture(scope="module")
-def child(tmp_path_factory):
-    process = CandidateProcess(tmp_path_factory.mktemp("child"))
-    process.start()
-    yield process
-    process.close()
 
 
 def verify(child, tmp_path: Path, forward: str, rules: str):
