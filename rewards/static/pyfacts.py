@@ -226,23 +226,23 @@ def _reference_imports(reference: str) -> set[str]:
     return {n.split(".")[0] for n in names}
 
 
-def _reference_init_reads(reference: str) -> set[str]:
+def _reference_methods(reference: str) -> dict[str, ast.FunctionDef]:
+    """The task's `Model` methods by name ({} if the source does not parse or has no Model)."""
     try:
         tree = ast.parse(reference)
     except SyntaxError:
-        return set()
+        return {}
     model = next((s for s in tree.body if isinstance(s, ast.ClassDef) and s.name == "Model"), None)
-    init = _methods(model).get("__init__") if model is not None else None
+    return _methods(model) if model is not None else {}
+
+
+def _reference_init_reads(reference: str) -> set[str]:
+    init = _reference_methods(reference).get("__init__")
     return global_reads(init) if init is not None else set()
 
 
 def _reference_state(reference: str) -> set[str]:
-    try:
-        tree = ast.parse(reference)
-    except SyntaxError:
-        return set()
-    model = next((s for s in tree.body if isinstance(s, ast.ClassDef) and s.name == "Model"), None)
-    methods = _methods(model) if model is not None else {}
+    methods = _reference_methods(reference)
     if "forward" not in methods:
         return set()
     stores = [t for n in ast.walk(methods["forward"]) if isinstance(n, ast.Assign) for t in n.targets]
