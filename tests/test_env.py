@@ -27,7 +27,13 @@ from rewards.build.toolchain import (
     check_gpu_machine,
     machine_fault,
 )
-from rewards.env import EnvConfig, NoGpuError, RewardsKernelEnv, pristine_files, queue_config
+from rewards.env import (
+    EnvConfig,
+    NoGpuError,
+    RewardsKernelEnv,
+    pristine_files,
+    queue_config,
+)
 from rewards.evaluate import FinalEvaluator, snapshot_solution
 
 REPO = Path(__file__).resolve().parents[1]
