@@ -6,7 +6,7 @@
     build/     compiling a workspace: the nvcc pool, toolchain, link check, loading the .so
     static/    rules read from the sources without running them (model_new.py and C++)
     inline/    single-file solutions (`load_inline`) turned into a workspace build
-    queue/     the GPU job queue: sandboxed worker processes, one lane per GPU
+    queue/     the GPU job queue: sandboxed worker processes, one lane (or more) per GPU
     verify/    correctness and the dynamic anti-hacking checks, in a candidate child process
     timing/    CUDA-event timing, eager and torch.compile baselines, the profile job
 

@@ -8,7 +8,9 @@ pool and the queue and yields the env; `agentcore.rollout_cmd` enters it as REAL
 What it is not: the final evaluation (`rewards.evaluate` snapshots the workspace and scores it,
 timing through `time(..., paired=True)`); this env works on the agent's live workspace and its
 results are only what the model sees. The `profile` tool times the candidate against baselines
-measured once per task and says so in its answer (`rewards.timing.profile.CACHED_NOTE`).
+measured once per task and says so in its answer (`rewards.timing.profile.CACHED_NOTE`). With
+`lanes_per_gpu` above 1 the queue runs verify jobs side by side on a GPU and gives each profile
+job its GPU alone (`rewards.queue.lanes.Dispatcher`).
 
 A blocking static finding is a failed compile whose log lists the findings, so the agent sees
 the category; `verify` and `profile` rebuild first (the pool's cache makes an unchanged
@@ -55,10 +57,15 @@ class EnvConfig(Struct, frozen=True, kw_only=True):
     """GPU indices for the queue; empty: every GPU torch sees (none: compile-only env)."""
     sandbox: Literal["auto", "on", "off"] = "auto"
     """Run GPU workers in bubblewrap; auto: when `bwrap` is on PATH."""
+    lanes_per_gpu: int = 1
+    """GPU worker processes per GPU (`GpuQueueConfig.lanes_per_gpu`): above 1, verify jobs run
+    side by side on a GPU while profile jobs (the tool's and the final evaluation's timing) wait
+    to have it alone. Verifications of GiB-sized inputs at once may not fit in GPU memory."""
     compile: CompileConfig = CompileConfig()
     """The compile pool."""
     queue: GpuQueueConfig = GpuQueueConfig()
-    """The GPU queue; `gpus`, `sandbox` and the verify/profile handlers are filled in here."""
+    """The GPU queue; `gpus`, `sandbox`, `lanes_per_gpu` and the verify/profile handlers are filled
+    in here."""
     verify: VerifyConfig = VerifyConfig()
     """Trials, tolerances and timeouts of the verify handler."""
     profile: ProfileConfig = ProfileConfig()
@@ -216,7 +223,8 @@ async def detect_gpus(config: EnvConfig) -> tuple[int, ...]:
 def queue_config(config: EnvConfig, gpus: tuple[int, ...]) -> GpuQueueConfig:
     sandbox = config.sandbox == "on" or (config.sandbox == "auto" and shutil.which(config.queue.bwrap_path) is not None)
     handlers = {"profile": PROFILE_HANDLER, **config.queue.handlers}
-    return GpuQueueConfig(**{**_fields(config.queue), "gpus": gpus, "sandbox": sandbox, "handlers": handlers})
+    return GpuQueueConfig(**{**_fields(config.queue), "gpus": gpus, "sandbox": sandbox, "handlers": handlers,
+                             "lanes_per_gpu": config.lanes_per_gpu})
 
 
 def _fields(struct: Struct) -> dict:

@@ -27,7 +27,13 @@ from rewards.build.toolchain import (
     check_gpu_machine,
     machine_fault,
 )
-from rewards.env import NoGpuError, RewardsKernelEnv, pristine_files
+from rewards.env import (
+    EnvConfig,
+    NoGpuError,
+    RewardsKernelEnv,
+    pristine_files,
+    queue_config,
+)
 from rewards.evaluate import FinalEvaluator, snapshot_solution
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,6 +69,12 @@ def test_env_implements_the_protocol(env):
 
 
 @needs_compiler
+def test_the_queue_gets_the_envs_lanes_per_gpu_and_the_profile_handler():
+    queue = queue_config(EnvConfig(lanes_per_gpu=3, sandbox="off"), (0, 1))
+    assert (queue.gpus, queue.lanes_per_gpu, "profile" in queue.handlers) == ((0, 1), 3, True)
+    assert "verify" in queue.shared_kinds and "profile" not in queue.shared_kinds
+
+
 async def test_compile_builds_the_relu_fixture(env, tmp_path):
     ws = make_workspace(RELU, tmp_path)
     result = await env.compile(ws, task_of(RELU))

@@ -1,6 +1,7 @@
-"""The GPU job queue on a CPU machine: lanes "0" and "1" are worker processes with
+"""The GPU job queue on a CPU machine: the lanes of GPUs "0" and "1" are worker processes with
 CUDA_VISIBLE_DEVICES set, running the built-in handlers of `rewards.queue.jobs` (and a few written by
-the tests into a module on PYTHONPATH). The queue, the workers and bubblewrap are real."""
+the tests into a module on PYTHONPATH; `timed_sleep`, a kind outside `SHARED_KINDS`, stands for a
+timing job). The queue, the workers and bubblewrap are real."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import pytest
 
 from rewards.queue.gpu_queue import (
@@ -35,6 +37,7 @@ from rewards.queue.jobs import (
     decode,
     encode,
 )
+from rewards.queue.lanes import Dispatcher, Lane
 from tests.fakes.tmp_venv import make_venv
 
 _ids = itertools.count()
@@ -86,7 +89,8 @@ def config(tmp_path, outside_dir, monkeypatch) -> GpuQueueConfig:
         job_default_deadline_s=30.0,
         worker_start_timeout_s=30.0,
         handlers={"spawn": "queue_test_handlers:spawn", "shout": "queue_test_handlers:shout",
-                  "compile_sum": "queue_test_handlers:compile_sum"},
+                  "compile_sum": "queue_test_handlers:compile_sum",
+                  "timed_sleep": "rewards.queue.jobs:sleep"},  # not a shared kind: has its GPU alone
     )
 
 
@@ -189,6 +193,143 @@ async def test_job_files_are_written_into_the_scratch_dir(config):
     async with GpuQueue(one_lane(config)) as queue:
         result = await queue.submit(job("echo_env", probe, files={"kernels/k.cu": b"__global__"}))
     assert decode(result.value, EchoEnvValue).read_bytes == {str(scratch / "kernels" / "k.cu"): 10}
+
+
+# ---------------------------------------------------------------------------------------------
+# Several lanes per GPU: verification shares a GPU, timing has it alone.
+
+
+def shared_gpu(config: GpuQueueConfig, lanes_per_gpu: int = 2, gpus: tuple[int, ...] = (0,)) -> GpuQueueConfig:
+    from msgspec.structs import replace
+
+    return replace(config, gpus=gpus, lanes_per_gpu=lanes_per_gpu)
+
+
+def overlap(a: SleepValue, b: SleepValue) -> bool:
+    return a.started < b.ended and b.started < a.ended
+
+
+class Runs:
+    """Submits named jobs in the background and keeps their sleep intervals."""
+
+    def __init__(self, queue: GpuQueue, tg: anyio.abc.TaskGroup) -> None:
+        self.queue, self.tg, self.results = queue, tg, {}
+
+    def start(self, name: str, kind: str, seconds: float, **submit) -> None:
+        async def run():
+            self.results[name] = await self.queue.submit(job(kind, SleepArgs(seconds=seconds)), **submit)
+
+        self.tg.start_soon(run)
+
+    def spans(self) -> dict[str, SleepValue]:
+        return {name: decode(r.value, SleepValue) for name, r in self.results.items()}
+
+
+def busy_lanes(queue: GpuQueue) -> int:
+    return sum(lane.busy for lane in queue.statistics().lanes)
+
+
+async def test_two_shared_jobs_on_one_gpu_run_at_the_same_time(config):
+    async with GpuQueue(shared_gpu(config)) as queue, anyio.create_task_group() as tg:
+        runs = Runs(queue, tg)
+        runs.start("a", "sleep", 0.5)
+        runs.start("b", "sleep", 0.5)
+    spans = runs.spans()
+    assert {r.gpu for r in runs.results.values()} == {0}
+    assert runs.results["a"].worker_pid != runs.results["b"].worker_pid
+    assert overlap(spans["a"], spans["b"])
+
+
+async def test_a_timing_job_never_overlaps_another_job_on_its_gpu(config):
+    kinds = ["sleep", "sleep", "sleep", "timed_sleep"] * 5
+    async with GpuQueue(shared_gpu(config, gpus=(0, 1))) as queue, anyio.create_task_group() as tg:
+        runs = Runs(queue, tg)
+        for i, kind in enumerate(kinds):
+            runs.start(f"{kind}-{i}", kind, 0.1)
+    spans, results = runs.spans(), runs.results
+    assert len(results) == len(kinds) and all(r.status is JobStatus.OK for r in results.values())
+    for name in (n for n in spans if n.startswith("timed")):
+        beside = [o for o in spans if o != name and results[o].gpu == results[name].gpu]
+        assert not any(overlap(spans[name], spans[o]) for o in beside), name
+    lanes = queue.statistics().lanes
+    assert sorted((lane.gpu, lane.slot) for lane in lanes) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert sum(lane.exclusive_jobs for lane in lanes) == 5
+
+
+async def test_a_waiting_timing_job_goes_before_shared_jobs_that_came_after_it(config):
+    async with GpuQueue(shared_gpu(config)) as queue, anyio.create_task_group() as tg:
+        runs = Runs(queue, tg)
+        runs.start("a", "sleep", 0.4)
+        runs.start("b", "sleep", 0.8)
+        assert await eventually(lambda: busy_lanes(queue) == 2)
+        runs.start("timed", "timed_sleep", 0.2)
+        assert await eventually(lambda: queue.statistics().exclusive_depth == 1)
+        for name in "cde":  # without the timing job ahead, c would take a's lane at once
+            runs.start(name, "sleep", 0.2)
+    spans = runs.spans()
+    timed = spans["timed"]
+    assert timed.started >= max(spans["a"].ended, spans["b"].ended)
+    assert all(spans[name].started >= timed.ended for name in "cde")
+
+
+async def test_a_pinned_timing_job_holds_up_only_its_own_gpu(config):
+    async with GpuQueue(shared_gpu(config, gpus=(0, 1))) as queue, anyio.create_task_group() as tg:
+        runs = Runs(queue, tg)
+        runs.start("a", "sleep", 0.8, gpu=0)
+        assert await eventually(lambda: busy_lanes(queue) == 1)
+        runs.start("timed", "timed_sleep", 0.1, gpu=0)
+        assert await eventually(lambda: queue.statistics().exclusive_depth == 1)
+        runs.start("b", "sleep", 0.1)
+    spans, results = runs.spans(), runs.results
+    assert results["b"].gpu == 1 and spans["b"].ended < spans["a"].ended
+    assert spans["timed"].started >= spans["a"].ended
+
+
+async def test_an_unpinned_timing_job_gets_a_gpu_while_shared_jobs_keep_coming():
+    """The dispatcher alone, two GPUs of two lanes: whenever a shared job ends another arrives,
+    so neither GPU would ever be idle unless the timing job reserved one."""
+    dispatcher = Dispatcher()
+    for gpu, slot in itertools.product((0, 1), (0, 1)):
+        dispatcher.release(Lane(gpu, Path("/nonexistent"), slot))
+    held = [await dispatcher.acquire(None) for _ in range(4)]
+    granted = []
+
+    async def acquire(exclusive: bool):
+        lane = await dispatcher.acquire(None, exclusive=exclusive)
+        (granted if exclusive else held).append(lane)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(acquire, True)
+        await anyio.wait_all_tasks_blocked()
+        for _ in range(8):
+            if granted:
+                break
+            dispatcher.release(held.pop(0))
+            tg.start_soon(acquire, False)
+            await anyio.wait_all_tasks_blocked()
+        tg.cancel_scope.cancel()
+    assert granted and not any(lane.gpu == granted[0].gpu for lane in held)
+
+
+async def test_a_cancelled_waiting_timing_job_releases_nothing_it_did_not_hold(config):
+    async def timed_then_cancelled():
+        with anyio.move_on_after(0.5):
+            await queue.submit(job("timed_sleep", SleepArgs(seconds=0.1)))
+
+    async with GpuQueue(shared_gpu(config)) as queue, anyio.create_task_group() as tg:
+        runs = Runs(queue, tg)
+        runs.start("a", "sleep", 1.5)
+        assert await eventually(lambda: busy_lanes(queue) == 1)
+        tg.start_soon(timed_then_cancelled)
+        assert await eventually(lambda: queue.statistics().exclusive_depth == 1)
+        runs.start("b", "sleep", 0.3)  # queued behind the timing job, though a lane is free
+        assert await eventually(lambda: queue.statistics().depth == 2)
+        assert await eventually(lambda: queue.statistics().exclusive_depth == 0)  # cancelled
+        assert await eventually(lambda: busy_lanes(queue) == 2)  # its reservation went with it: b runs
+        runs.start("timed", "timed_sleep", 0.1)
+    spans = runs.spans()
+    assert spans["b"].started < spans["a"].ended
+    assert spans["timed"].started >= max(spans["a"].ended, spans["b"].ended)  # a and b still held the GPU
 
 
 # ---------------------------------------------------------------------------------------------

@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", "--concurrency", dest="workers", type=int, default=256,
                    help="concurrent trajectories (as in cuda-agent rollout; --concurrency is the old name)")
     p.add_argument("--gpus", default="", help="verification GPUs, e.g. 0,1 (default: all)")
+    p.add_argument("--lanes-per-gpu", type=int, default=1,
+                   help="GPU worker processes per GPU: verifications share a GPU, profiling has it alone")
     p.add_argument("--engine-device", default="auto", help="local engine device: auto, cuda:0, cpu")
     p.add_argument("--rules", choices=["paper", "kernelbench", "both"], default="paper",
                    help="paper: the candidate's kernels do all the work; kernelbench: torch may do part of it; "
@@ -112,7 +114,8 @@ def to_config(a: argparse.Namespace):
         replay_paths=tuple(a.replay), replay_wrappers=a.wrappers, replay_checks=not a.no_replay_checks,
         out_dir=a.out, max_turns=a.max_turns, samples=a.samples, temperature=a.temperature, top_p=a.top_p,
         max_new_tokens=a.max_new_tokens, seed=a.seed, checkpoint_step=a.checkpoint_step,
-        workers=a.workers, gpus=_ints(a.gpus), engine_device=a.engine_device, env=a.env,
+        workers=a.workers, gpus=_ints(a.gpus), lanes_per_gpu=a.lanes_per_gpu, engine_device=a.engine_device,
+        env=a.env,
         allow_unsandboxed=a.allow_unsandboxed, keep_workspaces=a.keep_workspaces,
         recheck_baselines=a.recheck_baselines, rules="paper" if a.rules == "both" else a.rules,
     )

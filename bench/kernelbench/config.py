@@ -69,6 +69,9 @@ class BenchConfig(Struct, frozen=True, kw_only=True):
     """Concurrent compile calls."""
     gpus: tuple[int, ...] = ()
     """GPUs for verification and profiling; empty: every GPU torch sees."""
+    lanes_per_gpu: int = 1
+    """GPU worker processes per GPU (`rewards.env.EnvConfig.lanes_per_gpu`): verifications share
+    a GPU, profiling has it alone."""
     engine_device: str = "auto"
     """Device of the local engine: auto, cuda, cuda:1, cpu."""
     env: Literal["real", "fake"] = "real"

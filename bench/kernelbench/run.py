@@ -235,12 +235,13 @@ async def _open_env(config: BenchConfig, stack: AsyncExitStack) -> tuple[KernelE
     from rewards.env import EnvConfig, open_kernel_env
     from rewards.evaluate import FinalEvaluator
 
-    env = await stack.enter_async_context(open_kernel_env(EnvConfig(gpus=config.gpus, rules=config.rules)))
+    env_config = EnvConfig(gpus=config.gpus, lanes_per_gpu=config.lanes_per_gpu, rules=config.rules)
+    env = await stack.enter_async_context(open_kernel_env(env_config))
     return env, FinalEvaluator(env)
 
 
 def _orchestrator_config(config: BenchConfig) -> OrchestratorConfig:
-    gpu_slots = len(config.gpus) or 8  # the GPU queue has one lane per GPU; more slots just wait there
+    gpu_slots = (len(config.gpus) or 8) * config.lanes_per_gpu  # the queue's lanes; more slots just wait there
     return OrchestratorConfig(workers=config.workers, model_slots=config.workers,
                               compile_slots=config.compile_slots, gpu_slots=gpu_slots)
 

@@ -1,4 +1,4 @@
-"""The GPU queue's configuration: GPUs, sandbox, worker interpreter and limits.
+"""The GPU queue's configuration: GPUs and their lanes, sandbox, worker interpreter and limits.
 
 Its own module so that the queue (`rewards.queue.gpu_queue`) and the worker's command line
 (`rewards.queue.worker_command`) both import it without importing each other.
@@ -11,6 +11,8 @@ import sys
 
 from msgspec import Struct
 
+from rewards.queue.jobs import SHARED_KINDS
+
 _SECRETS = (
     "~/.ssh ~/.aws ~/.netrc ~/.git-credentials ~/.docker ~/.config/gcloud ~/.kaggle ~/.cache/huggingface"
 )
@@ -19,7 +21,14 @@ SECRET_PATHS = tuple(os.path.expanduser(p) for p in _SECRETS.split())  # workers
 
 class GpuQueueConfig(Struct, frozen=True, kw_only=True):
     gpus: tuple[int, ...] = ()
-    """GPU indices, one lane each; empty: every GPU torch sees, counted in a subprocess."""
+    """GPU indices, `lanes_per_gpu` lanes each; empty: every GPU torch sees, counted in a subprocess."""
+    lanes_per_gpu: int = 1
+    """Worker processes per GPU. Above 1, jobs of `shared_kinds` (verification) run beside each
+    other on a GPU, and every other kind (timing) waits until its GPU is idle and has it alone.
+    Each lane's jobs use the GPU's memory at once: several verifications of GiB-sized inputs may
+    not fit together."""
+    shared_kinds: tuple[str, ...] = SHARED_KINDS
+    """Job kinds that time nothing and may share a GPU; the others have their GPU to themselves."""
     sandbox: bool = False
     """Run each worker inside bubblewrap: the host filesystem read-only, a private read-only
     /tmp, only the lane's scratch dir (and `writable_paths`) writable, `hidden_paths` covered, no

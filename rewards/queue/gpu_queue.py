@@ -1,22 +1,28 @@
 """`GpuQueue`: the async queue through which verify, profile, baseline and final-evaluation jobs
-reach the GPUs, one job per GPU at a time.
+reach the GPUs.
 
-What it is: one lane per GPU, each a `rewards.queue.worker` process started in its own session with
-CUDA_VISIBLE_DEVICES pinned, optionally inside bubblewrap. `submit(job)` waits, first come first
-served, for a free lane (any lane, or the GPU asked for), runs the job under a watchdog and
-returns a `JobResult`. A worker that timed out, crashed or poisoned its CUDA context is killed
-with its whole process group and replaced in the background; the result goes back at once.
+What it is: `lanes_per_gpu` lanes per GPU (one by default), each a `rewards.queue.worker` process
+started in its own session with CUDA_VISIBLE_DEVICES pinned, optionally inside bubblewrap.
+`submit(job)` waits, first come first served, for a free lane (any GPU's, or the GPU asked for),
+runs the job under a watchdog and returns a `JobResult`. Jobs that time something (every kind
+not in `config.shared_kinds`) have their GPU to themselves; verification jobs share it, one per
+lane. A worker that timed out, crashed or poisoned its CUDA context is killed with its whole
+process group and replaced in the background; the result goes back at once, and the GPU counts
+the job as running until the killed worker is reaped.
 
 What it is not: it knows nothing of what a job does (handlers do, see `rewards.queue.jobs`), and it
 never touches CUDA itself, not even to count GPUs (a subprocess does that).
 
 Topology, one task group owned by `async with GpuQueue(config)`:
 
-    submit() --acquire--> Dispatcher: free lanes + FIFO of waiters (a pinned one takes only its lane)
+    submit() --acquire--> Dispatcher: free lanes + FIFO of waiters (a pinned one takes only its GPU's
+       |                  lanes; a timing job waits for its GPU to be idle and reserves it meanwhile)
        |                    ^ release: job done, worker healthy    ^ release: fresh worker ready
+       |                    ^ vacate: the job's worker retired and reaped
        +-- holds the lane: Job frame --> worker [bwrap] --> handler(payload, ctx) --> JobResult frame
     task group
-       +-- one task per lane: start worker, release lane, wait until the worker is retired, repeat
+       +-- one task per lane: start worker, release lane, wait until the worker is retired, reap,
+           vacate, repeat
              +-- per worker: stderr drain (bounded tail), exit watcher
 
 Parts: `rewards.queue.config` (the settings, the sandbox among them), `rewards.queue.lanes`
@@ -64,7 +70,8 @@ class WorkerStartError(RuntimeError):
 
 
 class GpuQueue:
-    """Jobs to GPU worker processes, one job per GPU at a time, with a watchdog and restarts.
+    """Jobs to GPU worker processes, one job per lane at a time and a timing job alone on its
+    GPU, with a watchdog and restarts.
 
     Example:
         config = GpuQueueConfig(gpus=(0, 1), sandbox=True, hidden_paths=SECRET_PATHS + (tasks_dir,))
@@ -77,7 +84,9 @@ class GpuQueue:
 
     def __init__(self, config: GpuQueueConfig = GpuQueueConfig()) -> None:
         if len(set(config.gpus)) != len(config.gpus):
-            raise ValueError(f"each GPU takes one lane: {config.gpus}")
+            raise ValueError(f"a GPU is listed twice: {config.gpus}")
+        if config.lanes_per_gpu < 1:
+            raise ValueError(f"lanes_per_gpu must be at least 1, not {config.lanes_per_gpu}")
         self.config = config
         self._dispatcher = Dispatcher()
         self._lanes: list[Lane] = []
@@ -88,14 +97,15 @@ class GpuQueue:
 
     @property
     def gpus(self) -> tuple[int, ...]:
-        return tuple(lane.gpu for lane in self._lanes)
+        return tuple(dict.fromkeys(lane.gpu for lane in self._lanes))
 
     async def __aenter__(self) -> Self:
         gpus = self.config.gpus or tuple(range(await count_gpus(self.config.python)))
         if not gpus:
             raise RuntimeError("GpuQueue: no GPUs (config.gpus is empty and torch sees none)")
         root = self._scratch_root()
-        self._lanes = [Lane(gpu, root / f"gpu{gpu}") for gpu in gpus]
+        self._lanes = [Lane(gpu, root / _scratch_name(gpu, slot), slot)
+                       for gpu in gpus for slot in range(self.config.lanes_per_gpu)]
         for lane in self._lanes:
             lane.scratch.mkdir(parents=True, exist_ok=True)
         self._tg = await self._stack.enter_async_context(anyio.create_task_group())
@@ -126,12 +136,14 @@ class GpuQueue:
                 shutil.rmtree(self._own_scratch, ignore_errors=True)
 
     async def submit(self, job: Job, *, gpu: int | None = None) -> JobResult:
-        """Run `job` on a free lane (or on lane `gpu`), waiting first come first served. What the
-        job did is never an exception: timeouts, crashes and poisoned contexts are statuses.
-        Raises QueueClosed if the queue shuts down first."""
-        wanted = self._lane(gpu)
+        """Run `job` on a free lane (or on a lane of `gpu`), waiting first come first served; a
+        kind not in `config.shared_kinds` waits until it can have its GPU alone. What the job did
+        is never an exception: timeouts, crashes and poisoned contexts are statuses. Raises
+        QueueClosed if the queue shuts down first."""
+        wanted = self._gpu(gpu)
+        exclusive = job.kind not in self.config.shared_kinds
         queued = time.monotonic()
-        lane = await self._dispatcher.acquire(wanted)
+        lane = await self._dispatcher.acquire(wanted, exclusive=exclusive)
         worker = lane.worker
         lane.begin()
         held = time.monotonic()
@@ -139,11 +151,11 @@ class GpuQueue:
         try:
             result, reusable = await self._run(job, worker)
         finally:
-            lane.end(result.status if result else None)
+            lane.end(result.status if result else None, exclusive=exclusive)
             if reusable and not worker.exited:
                 self._dispatcher.release(lane)
             else:  # also when cancelled mid-job: the worker may still be running it
-                worker.retire()
+                worker.retire()  # the lane's task vacates the lane once the worker is reaped
         wall_s = time.monotonic() - held
         return msgspec.structs.replace(
             result, worker_pid=worker.pid, gpu=lane.gpu, wall_s=wall_s, wait_s=held - queued
@@ -152,11 +164,12 @@ class GpuQueue:
     def statistics(self) -> QueueStatistics:
         now = time.monotonic()
         uptime_s = max(now - self._started, 1e-9)
-        lanes = tuple(lane.statistics(now, uptime_s, self._dispatcher.depth(lane)) for lane in self._lanes)
+        lanes = tuple(lane.statistics(now, uptime_s, self._dispatcher.depth(lane.gpu)) for lane in self._lanes)
         jobs_done = sum(s.jobs_done for s in lanes)
         return QueueStatistics(
             lanes=lanes,
             depth=self._dispatcher.depth(),
+            exclusive_depth=self._dispatcher.depth(exclusive=True),
             busy_fraction=sum(s.busy_fraction for s in lanes) / max(len(lanes), 1),
             jobs_done=jobs_done,
             jobs_per_s=jobs_done / uptime_s,
@@ -169,15 +182,12 @@ class GpuQueue:
 
     # -- running a job --------------------------------------------------------------------------
 
-    def _lane(self, gpu: int | None) -> Lane | None:
+    def _gpu(self, gpu: int | None) -> int | None:
         if self._closed:
             raise QueueClosed("the GPU queue is shut down")
-        if gpu is None:
-            return None
-        for lane in self._lanes:
-            if lane.gpu == gpu:
-                return lane
-        raise ValueError(f"no lane for gpu {gpu}; lanes: {self.gpus}")
+        if gpu is not None and gpu not in self.gpus:
+            raise ValueError(f"no lane for gpu {gpu}; GPUs: {self.gpus}")
+        return gpu
 
     async def _run(self, job: Job, worker: WorkerProcess) -> tuple[JobResult, bool]:
         """The result, and whether the worker may take the next job."""
@@ -224,9 +234,9 @@ class GpuQueue:
                     failures, started = 0, True
                     continue
                 failures += 1
-                log.warning("gpu %d: no worker (%d/%d): %s", lane.gpu, failures, _START_ATTEMPTS, error)
+                log.warning("%s: no worker (%d/%d): %s", lane.name, failures, _START_ATTEMPTS, error)
                 if failures >= _START_ATTEMPTS:
-                    raise WorkerStartError(f"gpu {lane.gpu}: no worker after {failures} attempts: {error}")
+                    raise WorkerStartError(f"{lane.name}: no worker after {failures} attempts: {error}")
                 await anyio.sleep(0.5 * failures)
         except BaseException:
             self._dispatcher.close()  # waiters must not wait for a queue that is going away
@@ -267,6 +277,7 @@ class GpuQueue:
             worker.kill()
             with anyio.move_on_after(_REAP_WAIT_S, shield=True):
                 await process.aclose()
+            self._dispatcher.vacate(lane)  # a job it ran no longer holds the GPU
         return error
 
     async def _wait_ready(self, worker: WorkerProcess) -> str | None:
@@ -288,8 +299,12 @@ class GpuQueue:
         await worker.process.wait()
         worker.exited = True
         if self._dispatcher.withdraw(lane):  # died while idle: no submitter will see its EOF
-            log.warning("gpu %d: idle worker %d exited", lane.gpu, worker.pid)
+            log.warning("%s: idle worker %d exited", lane.name, worker.pid)
             worker.retire()
+
+
+def _scratch_name(gpu: int, slot: int) -> str:
+    return f"gpu{gpu}" if slot == 0 else f"gpu{gpu}-{slot}"
 
 
 def _decode_result(job: Job, message: bytes | None) -> JobResult | None:

@@ -98,14 +98,16 @@ class JobContext(Struct, frozen=True, kw_only=True):
 
 
 class LaneStatistics(Struct, frozen=True, kw_only=True):
-    """One GPU lane since the queue started."""
+    """One lane (one worker on a GPU) since the queue started."""
 
     gpu: int
+    slot: int = 0  # which of its GPU's lanes
     worker_pid: int
-    busy: bool
-    depth: int  # submitters waiting for this lane in particular (pinned)
+    busy: bool  # a job holds this lane
+    depth: int  # submitters waiting for this lane's GPU in particular (pinned)
     busy_fraction: float  # seconds holding a job / seconds since start
     jobs_done: int
+    exclusive_jobs: int = 0  # of `jobs_done`, those that had the GPU to themselves (`SHARED_KINDS`)
     jobs_per_s: float
     restarts: int
     restart_s: float  # total seconds spent starting replacement workers
@@ -119,6 +121,7 @@ class QueueStatistics(Struct, frozen=True, kw_only=True):
 
     lanes: tuple[LaneStatistics, ...]
     depth: int
+    exclusive_depth: int = 0  # of `depth`, submitters whose job will have its GPU to itself
     busy_fraction: float
     jobs_done: int
     jobs_per_s: float
@@ -167,6 +170,14 @@ HANDLERS: dict[str, str] = {
 }
 
 Handler = Callable[[bytes, JobContext], bytes]
+
+SHARED_KINDS: tuple[str, ...] = ("ping", "sleep", "crash", "cuda_poison", "print", "echo_env", "cuda_probe", "verify")
+"""Kinds that time nothing, so on a GPU with several lanes they run beside each other (verify
+judges outputs; its timeouts are budgets, not measurements). Every other kind has its GPU to
+itself while it runs: `profile` (the agent's tool, the baselines it measures once per task, and
+the final evaluation's paired timing), `baseline` (the KernelBench recheck's), `synth_filter`
+(the data filters' runtime filter), and any kind a config adds, unless listed in
+`GpuQueueConfig.shared_kinds`."""
 
 
 # ---------------------------------------------------------------------------------------------

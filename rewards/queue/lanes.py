@@ -1,9 +1,10 @@
 """The parts of `rewards.queue.gpu_queue` that hold state: a worker process, a lane, the dispatcher.
 
 What it is: `WorkerProcess` (one `rewards.queue.worker` process: its framed channel, the bounded tail
-of its stderr, kill and retire), `Lane` (one GPU: its current worker, scratch dir and counters,
-`LaneStatistics`), `Dispatcher` (free lanes to waiting submitters, first come first served, a
-waiter pinned to a GPU taking only that lane) and `QueueClosed`.
+of its stderr, kill and retire), `Lane` (one worker's place on a GPU, of `lanes_per_gpu`: its
+current worker, scratch dir and counters, `LaneStatistics`), `Dispatcher` (free lanes to waiting
+submitters, first come first served, a waiter pinned to a GPU taking only that GPU's lanes; jobs
+that time something have their GPU to themselves, verification jobs share it) and `QueueClosed`.
 
 What it is not: the queue (`rewards.queue.gpu_queue.GpuQueue` starts workers, runs jobs under the
 watchdog and owns the task group) or the worker side (`rewards.queue.worker`).
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections import deque
+from collections import Counter, deque
 from pathlib import Path
 
 import anyio
@@ -95,25 +96,33 @@ class WorkerProcess:
 
 
 class Lane:
-    """One GPU: its current worker, its scratch dir, and its counters."""
+    """One worker's place on a GPU (`slot` of the GPU's lanes): its current worker, its scratch
+    dir, and its counters."""
 
-    def __init__(self, gpu: int, scratch: Path) -> None:
+    def __init__(self, gpu: int, scratch: Path, slot: int = 0) -> None:
         self.gpu = gpu
+        self.slot = slot
         self.scratch = scratch
         self.worker: WorkerProcess | None = None
         self.held_since: float | None = None
         self.busy_s = 0.0
-        self.jobs_done = self.restarts = self.timeouts = self.crashes = self.poisoned = 0
+        self.jobs_done = self.exclusive_jobs = self.restarts = self.timeouts = self.crashes = self.poisoned = 0
         self.restart_s = 0.0
+
+    @property
+    def name(self) -> str:
+        """For messages: "gpu 0", or "gpu 0 lane 1" for a GPU's second lane."""
+        return f"gpu {self.gpu}" if self.slot == 0 else f"gpu {self.gpu} lane {self.slot}"
 
     def begin(self) -> None:
         self.held_since = time.monotonic()
 
-    def end(self, status: JobStatus | None) -> None:
+    def end(self, status: JobStatus | None, *, exclusive: bool = False) -> None:
         self.busy_s += time.monotonic() - self.held_since
         self.held_since = None
         if status is not None:
             self.jobs_done += 1
+            self.exclusive_jobs += exclusive
             self.timeouts += status is JobStatus.TIMEOUT
             self.crashes += status is JobStatus.CRASHED
             self.poisoned += status is JobStatus.CUDA_POISONED
@@ -122,11 +131,13 @@ class Lane:
         busy_s = self.busy_s + (now - self.held_since if self.held_since is not None else 0.0)
         return LaneStatistics(
             gpu=self.gpu,
+            slot=self.slot,
             worker_pid=self.worker.pid if self.worker else 0,
             busy=self.held_since is not None,
             depth=depth,
             busy_fraction=busy_s / uptime_s,
             jobs_done=self.jobs_done,
+            exclusive_jobs=self.exclusive_jobs,
             jobs_per_s=self.jobs_done / uptime_s,
             restarts=self.restarts,
             restart_s=self.restart_s,
@@ -137,29 +148,50 @@ class Lane:
 
 
 class _Waiter:
-    __slots__ = ("event", "lane", "wanted")
+    __slots__ = ("event", "exclusive", "gpu", "lane")
 
-    def __init__(self, wanted: Lane | None) -> None:
-        self.wanted = wanted
+    def __init__(self, gpu: int | None, exclusive: bool) -> None:
+        self.gpu = gpu
+        self.exclusive = exclusive
         self.lane: Lane | None = None
         self.event = anyio.Event()
 
 
 class Dispatcher:
-    """Hands free lanes to waiting submitters, first come first served; a waiter pinned to a GPU
-    takes only that lane and does not hold up the waiters behind it. This is the queue's named
-    limiter for GPUs: a `CapacityLimiter("gpus")` could count free lanes but not hand out a
-    particular one, so a pinned job (baselines run on every GPU) would sit on a token meanwhile."""
+    """Hands free lanes to waiting submitters, first come first served, with a reader/writer
+    discipline per GPU. A shared job (verification) takes a free lane of any GPU that no exclusive
+    job holds; an exclusive job (one that times something) takes a lane only once no other job runs
+    on its GPU, and no job starts there until it is done. Exclusive jobs do not starve: one that
+    waits reserves a GPU (its own if pinned, else the one running the fewest jobs), and no waiter
+    behind it starts on that GPU, which therefore drains. A waiter pinned to a GPU takes only that
+    GPU's lanes and does not hold up the waiters behind it. With one lane per GPU every job has its
+    GPU to itself and the two kinds are served alike.
+
+    This is the queue's named limiter for GPUs: a `CapacityLimiter("gpus")` could count free lanes
+    but not hand out a particular one, so a pinned job (baselines run on every GPU) would sit on a
+    token meanwhile. One process owns every lane, so the discipline is this object's state, not a
+    lock shared between processes.
+
+    Example:
+        lane = await dispatcher.acquire(None, exclusive=True)  # a profile job: the GPU alone
+        try:
+            ...  # run the job on lane.worker
+        finally:
+            dispatcher.release(lane)  # or, when its worker must go: retire it, then vacate(lane)
+    """
 
     def __init__(self) -> None:
-        self._free: list[Lane] = []
+        self._free: list[Lane] = []  # lanes with an idle, healthy worker, the longest idle first
+        self._holders: dict[Lane, bool] = {}  # lanes a job holds -> whether it holds the GPU alone
         self._waiters: deque[_Waiter] = deque()
         self.closed = False
 
-    async def acquire(self, wanted: Lane | None) -> Lane:
+    async def acquire(self, gpu: int | None, *, exclusive: bool = False) -> Lane:
+        """A lane (of `gpu`, when given), held until `release` or `vacate`; `exclusive`: and no
+        other job on its GPU meanwhile."""
         if self.closed:
             raise QueueClosed("the GPU queue is shut down")
-        waiter = _Waiter(wanted)
+        waiter = _Waiter(gpu, exclusive)
         self._waiters.append(waiter)
         self._match()
         try:
@@ -169,14 +201,23 @@ class Dispatcher:
                 self.release(waiter.lane)
             elif waiter in self._waiters:
                 self._waiters.remove(waiter)
+                self._match()  # it may have reserved a GPU that the waiters behind it can now use
             raise
         if waiter.lane is None:
             raise QueueClosed("the GPU queue shut down while the job waited")
         return waiter.lane
 
     def release(self, lane: Lane) -> None:
+        """`lane`'s worker may take a job: its job is done and the worker healthy, or the worker
+        is fresh."""
+        self._holders.pop(lane, None)
         self._free.append(lane)
         self._match()
+
+    def vacate(self, lane: Lane) -> None:
+        """`lane`'s worker is gone (killed and reaped): its job, if any, no longer holds the GPU."""
+        if self._holders.pop(lane, None) is not None:
+            self._match()
 
     def withdraw(self, lane: Lane) -> bool:
         """Take a free lane out of service; False if it was not free (someone holds it)."""
@@ -191,26 +232,54 @@ class Dispatcher:
             waiter.event.set()
         self._waiters.clear()
 
-    def depth(self, lane: Lane | None = None) -> int:
-        return sum(1 for w in self._waiters if lane is None or w.wanted is lane)
+    def depth(self, gpu: int | None = None, *, exclusive: bool | None = None) -> int:
+        """Waiting submitters: all, or those pinned to `gpu`; of either kind, or of `exclusive`'s."""
+        return sum(1 for w in self._waiters
+                   if (gpu is None or w.gpu == gpu) and (exclusive is None or w.exclusive == exclusive))
 
     def _match(self) -> None:
+        """One pass over the waiters in arrival order, handing out what each may take."""
+        reserved: set[int] = set()  # GPUs an earlier exclusive waiter is waiting to have alone
         for waiter in list(self._waiters):
             if not self._free:
                 return
-            lane = self._take(waiter.wanted)
+            lane = self._take(waiter, reserved)
             if lane is not None:
                 self._waiters.remove(waiter)
+                self._holders[lane] = waiter.exclusive
                 waiter.lane = lane
                 waiter.event.set()
+            elif waiter.exclusive and (gpu := self._reservation(waiter, reserved)) is not None:
+                reserved.add(gpu)
 
-    def _take(self, wanted: Lane | None) -> Lane | None:
-        if wanted is None:
-            return self._free.pop(0)  # the longest idle: spreads jobs over the GPUs
-        if wanted in self._free:
-            self._free.remove(wanted)
-            return wanted
-        return None
+    def _take(self, waiter: _Waiter, reserved: set[int]) -> Lane | None:
+        """A free lane `waiter` may have, on the GPU running the fewest jobs, the longest idle
+        among equals (spreads jobs over the GPUs); None if there is none."""
+        running, alone = self._running()
+        usable = [lane for lane in self._free
+                  if (waiter.gpu is None or lane.gpu == waiter.gpu) and lane.gpu not in reserved
+                  and lane.gpu not in alone and not (waiter.exclusive and running[lane.gpu])]
+        if not usable:
+            return None
+        lane = min(usable, key=lambda lane: running[lane.gpu])
+        self._free.remove(lane)
+        return lane
+
+    def _reservation(self, waiter: _Waiter, reserved: set[int]) -> int | None:
+        """The GPU a waiting exclusive job keeps later waiters off: its own, or the one in service
+        running the fewest jobs, the lowest index among equals; None if every such GPU is reserved
+        already. A reserved GPU only drains (no waiter behind starts there), and it changes only
+        for a GPU of a smaller (jobs, index), so the waiter gets a GPU within finitely many jobs."""
+        if waiter.gpu is not None:
+            return waiter.gpu if waiter.gpu not in reserved else None
+        running, _ = self._running()
+        in_service = {lane.gpu for lane in (*self._free, *self._holders)} - reserved
+        return min(in_service, key=lambda gpu: (running[gpu], gpu), default=None)
+
+    def _running(self) -> tuple[Counter[int], set[int]]:
+        """Jobs running per GPU, and the GPUs an exclusive job holds."""
+        running = Counter(lane.gpu for lane in self._holders)
+        return running, {lane.gpu for lane, exclusive in self._holders.items() if exclusive}
 
 
 __all__ = ["BROKEN", "Dispatcher", "Lane", "QueueClosed", "WorkerProcess"]
