@@ -142,10 +142,7 @@ def collect_facts(tree: ast.Module, reference: str | None) -> ModuleFacts:
     }
     if reference is not None:
         facts.low_precision_ok = bool(_LOW_PRECISION.search(reference))
-        facts.reference_globals = _literal_globals(reference)
-        facts.reference_state = _reference_state(reference)
-        facts.reference_imports = _reference_imports(reference)
-        facts.reference_init_reads = _reference_init_reads(reference)
+        _add_reference_facts(facts, reference)
     return facts
 
 
@@ -182,8 +179,10 @@ def _extension_globals(tree: ast.Module, aliases: dict[str, str]) -> set[str]:
 
 
 def _none_or_extension(value: ast.expr, aliases: dict[str, str]) -> bool:
-    if isinstance(value, ast.Constant) and value.value is None:
-        return True
+    return _is_none(value) or _is_extension(value, aliases)
+
+
+def _is_extension(value: ast.expr, aliases: dict[str, str]) -> bool:
     return (qualname(value, aliases, {}) or "").split(".")[0] == "cuda_extension"
 
 
@@ -194,7 +193,7 @@ def _extension_getters(tree: ast.Module, aliases: dict[str, str]) -> set[str]:
     for fn in tree.body:
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and not fn.args.args and not fn.args.posonlyargs:
             returns = [n.value for n in ast.walk(fn) if isinstance(n, ast.Return)]
-            if returns and all(r is not None and _none_or_extension(r, aliases) and not _is_none(r) for r in returns):
+            if returns and all(r is not None and _is_extension(r, aliases) for r in returns):
                 out.add(fn.name)
     return out
 
@@ -208,45 +207,25 @@ def _assigned(stmt: ast.stmt) -> list[str]:
     return [n.id for t in targets if t is not None for n in ast.walk(t) if isinstance(n, ast.Name)]
 
 
-def _literal_globals(reference: str) -> dict[str, object]:
+def _add_reference_facts(facts: ModuleFacts, reference: str) -> None:
+    """The reference's facts, from one parse of the task's source (none when it does not parse):
+    its literal globals, its top-level imports, what its Model's `__init__` reads from module level
+    and what its forward keeps on self."""
     try:
         tree = ast.parse(reference)
     except SyntaxError:
-        return {}
-    return module_constants(tree)
-
-
-def _reference_imports(reference: str) -> set[str]:
-    try:
-        tree = ast.parse(reference)
-    except SyntaxError:
-        return set()
+        return
+    facts.reference_globals = module_constants(tree)
     names = {a.name for s in tree.body if isinstance(s, ast.Import) for a in s.names}
     names |= {s.module for s in tree.body if isinstance(s, ast.ImportFrom) and s.module and not s.level}
-    return {n.split(".")[0] for n in names}
-
-
-def _reference_methods(reference: str) -> dict[str, ast.FunctionDef]:
-    """The task's `Model` methods by name ({} if the source does not parse or has no Model)."""
-    try:
-        tree = ast.parse(reference)
-    except SyntaxError:
-        return {}
+    facts.reference_imports = {n.split(".")[0] for n in names}
     model = next((s for s in tree.body if isinstance(s, ast.ClassDef) and s.name == "Model"), None)
-    return _methods(model) if model is not None else {}
-
-
-def _reference_init_reads(reference: str) -> set[str]:
-    init = _reference_methods(reference).get("__init__")
-    return global_reads(init) if init is not None else set()
-
-
-def _reference_state(reference: str) -> set[str]:
-    methods = _reference_methods(reference)
-    if "forward" not in methods:
-        return set()
-    stores = [t for n in ast.walk(methods["forward"]) if isinstance(n, ast.Assign) for t in n.targets]
-    return {t.attr for t in stores if isinstance(t, ast.Attribute) and root_name(t) == "self"}
+    methods = _methods(model) if model is not None else {}
+    if "__init__" in methods:
+        facts.reference_init_reads = global_reads(methods["__init__"])
+    if "forward" in methods:
+        stores = [t for n in ast.walk(methods["forward"]) if isinstance(n, ast.Assign) for t in n.targets]
+        facts.reference_state = {t.attr for t in stores if isinstance(t, ast.Attribute) and root_name(t) == "self"}
 
 
 def _methods(cls: ast.ClassDef) -> dict[str, ast.FunctionDef]:
