@@ -240,22 +240,26 @@ class Dispatcher:
     def _match(self) -> None:
         """One pass over the waiters in arrival order, handing out what each may take."""
         reserved: set[int] = set()  # GPUs an earlier exclusive waiter is waiting to have alone
+        running = Counter(lane.gpu for lane in self._holders)  # jobs running per GPU
+        alone = {lane.gpu for lane, exclusive in self._holders.items() if exclusive}  # held by a timing job
         for waiter in list(self._waiters):
             if not self._free:
                 return
-            lane = self._take(waiter, reserved)
+            lane = self._take(waiter, reserved, running, alone)
             if lane is not None:
                 self._waiters.remove(waiter)
                 self._holders[lane] = waiter.exclusive
+                running[lane.gpu] += 1
+                if waiter.exclusive:
+                    alone.add(lane.gpu)
                 waiter.lane = lane
                 waiter.event.set()
-            elif waiter.exclusive and (gpu := self._reservation(waiter, reserved)) is not None:
+            elif waiter.exclusive and (gpu := self._reservation(waiter, reserved, running)) is not None:
                 reserved.add(gpu)
 
-    def _take(self, waiter: _Waiter, reserved: set[int]) -> Lane | None:
+    def _take(self, waiter: _Waiter, reserved: set[int], running: Counter[int], alone: set[int]) -> Lane | None:
         """A free lane `waiter` may have, on the GPU running the fewest jobs, the longest idle
         among equals (spreads jobs over the GPUs); None if there is none."""
-        running, alone = self._running()
         usable = [lane for lane in self._free
                   if (waiter.gpu is None or lane.gpu == waiter.gpu) and lane.gpu not in reserved
                   and lane.gpu not in alone and not (waiter.exclusive and running[lane.gpu])]
@@ -265,21 +269,15 @@ class Dispatcher:
         self._free.remove(lane)
         return lane
 
-    def _reservation(self, waiter: _Waiter, reserved: set[int]) -> int | None:
+    def _reservation(self, waiter: _Waiter, reserved: set[int], running: Counter[int]) -> int | None:
         """The GPU a waiting exclusive job keeps later waiters off: its own, or the one in service
         running the fewest jobs, the lowest index among equals; None if every such GPU is reserved
         already. A reserved GPU only drains (no waiter behind starts there), and it changes only
         for a GPU of a smaller (jobs, index), so the waiter gets a GPU within finitely many jobs."""
         if waiter.gpu is not None:
             return waiter.gpu if waiter.gpu not in reserved else None
-        running, _ = self._running()
         in_service = {lane.gpu for lane in (*self._free, *self._holders)} - reserved
         return min(in_service, key=lambda gpu: (running[gpu], gpu), default=None)
-
-    def _running(self) -> tuple[Counter[int], set[int]]:
-        """Jobs running per GPU, and the GPUs an exclusive job holds."""
-        running = Counter(lane.gpu for lane in self._holders)
-        return running, {lane.gpu for lane, exclusive in self._holders.items() if exclusive}
 
 
 __all__ = ["BROKEN", "Dispatcher", "Lane", "QueueClosed", "WorkerProcess"]
