@@ -2,16 +2,16 @@
 
 What it is: the process side of rewards.queue.zygote, started by `Zygote.start` as
 `python -P -s -m rewards.queue.zygote --socket-fd N --parent-pid P` (that module's `__main__` hands over
-to `main` here). It imports PRELOAD once and pays the one-time imports and source hashes of a
-first torch.compile (rewards.queue.compile_warmup), all WITHOUT initialising CUDA, says `Ready`,
-then serves the socket. Should the warm-up have touched the CUDA driver after all, the zygote
-re-executes itself (same pid, same socket) without it and says so in `Ready.warm_up_error`: it
-never ends up worse than without the warm-up. It serves thus: for each `Fork` (module, argv,
-cwd, environment, resource limits; the log and channel fds attached with SCM_RIGHTS) it forks a fresh child, which puts those fds at the
-numbers the worker gave them, takes its own process group, chdirs, applies the limits and runs
-the module's `main(argv)`, exactly what `python -m <module> <argv>` runs; each child's exit is
-reported back as `Exited`. This module also owns that wire protocol (the Structs below), which
-both sides share.
+to `main` here). It imports PRELOAD once and pays the one-time imports and source hashes of a first
+torch.compile (rewards.queue.compile_warmup), all WITHOUT initialising CUDA, says `Ready`, then
+serves the socket. Should the warm-up have touched the CUDA driver after all, the zygote re-executes
+itself (same pid, same socket) without it and says so in `Ready.warm_up_error`: it never ends up
+worse than without the warm-up. It serves thus: for each `Fork` (module, argv, cwd, environment,
+resource limits; the log and channel fds attached with SCM_RIGHTS) it forks a fresh child, which
+puts those fds at the numbers the worker gave them, takes its own process group, chdirs, applies the
+limits and runs the module's `main(argv)`, exactly what `python -m <module> <argv>` runs; each
+child's exit is reported back as `Exited`. This module also owns that wire protocol (the Structs
+below), which both sides share.
 
 What it is not: the trusted client (`launch`, `Zygote`, `ForkedProcess` live in rewards.queue.zygote),
 and it never sees candidate code, the hidden seed or trusted tensors: it only holds imported

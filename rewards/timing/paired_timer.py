@@ -100,11 +100,12 @@ def measure_paired(
     config: TimingConfig,
     paired: PairedConfig,
 ) -> PairedTiming:
-    """Time a candidate and its baselines together (`rewards.timing.paired`): one input pool and
-    one flush buffer for all, each subject warmed up in turn (the first for TimingConfig's warm-up,
-    which brings the SM clock up for all, the rest briefly: `subject_warmup_s`), one method for all (`_paired_method`), rotated rounds
-    until `paired`'s stopping rule, then the informational CUDA-graph time of launch-bound
-    subjects. Call under torch.no_grad(); a subject that raises propagates."""
+    """Time a candidate and its baselines together (`rewards.timing.paired`): one input pool and one
+    flush buffer for all, each subject warmed up in turn (the first for TimingConfig's warm-up,
+    which brings the SM clock up for all, the rest briefly: `subject_warmup_s`), one method for all
+    (`_paired_method`), rotated rounds until `paired`'s stopping rule, then the informational
+    CUDA-graph time of launch-bound subjects. Call under torch.no_grad(); a subject that raises
+    propagates."""
     import cupy
 
     gpu = Gpu(config)

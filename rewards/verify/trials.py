@@ -1,20 +1,20 @@
 """One verification's trial loop on the trusted side (the body of `rewards.verify.verifier.run_verification`).
 
-What it is: `Verification(request, work_dir, transfer, child, deadline).run()` pins fp32
-precision, builds the reference Model under the init seed, ships its state_dict to the child,
-then for every planned trial draws the inputs, computes the reference (exact fp32, and float64
-for the first trials when cheap), asks the child for one or two forward runs, reads the outputs
-back and feeds the `Judge`. A variant whose reference is not finite (a log of a negative input)
-falls back to the task's own distribution for that trial. When the precision verdict hangs on it
+What it is: `Verification(request, work_dir, transfer, child, deadline).run()` pins fp32 precision,
+builds the reference Model under the init seed, ships its state_dict to the child, then for every
+planned trial draws the inputs, computes the reference (exact fp32, and float64 for the first trials
+when cheap), asks the child for one or two forward runs, reads the outputs back and feeds the
+`Judge`. A variant whose reference is not finite (a log of a negative input) falls back to the
+task's own distribution for that trial. When the precision verdict hangs on it
 (`Judge.probe_wanted`), the mantissa probe follows: two more forward runs on the first trial's
 inputs with the low mantissa bits an fp16, bf16 or TF32 conversion drops cleared
-(`rewards.verify.inputs.PROBES`). When the candidate's profiled forward runs kernels off the
-harness stream, the reference is profiled once on the same inputs, so that the judge can tell a
-library's internal streams from the candidate's own. Once the
-candidate has run, an exception in the trial loop is a RUNTIME_ERROR verdict naming it (and
-logged with its traceback): the candidate's process shares the GPU's memory and the scratch dir,
-and its outputs and reports are what the judge reads. A CUDA error of this process other than out of
-memory is the machine's and raises (`candidate_caused`), as does anything before the candidate ran.
+(`rewards.verify.inputs.PROBES`). When the candidate's profiled forward runs kernels off the harness
+stream, the reference is profiled once on the same inputs, so that the judge can tell a library's
+internal streams from the candidate's own. Once the candidate has run, an exception in the trial
+loop is a RUNTIME_ERROR verdict naming it (and logged with its traceback): the candidate's process
+shares the GPU's memory and the scratch dir, and its outputs and reports are what the judge reads. A
+CUDA error of this process other than out of memory is the machine's and raises
+(`candidate_caused`), as does anything before the candidate ran.
 
 What it is not: the rules (`rewards.verify.judge`), the comparison (`rewards.verify.compare`), the process
 handle (`rewards.verify.verifier.CandidateProcess`). Torch is imported here, so the orchestrator side of
