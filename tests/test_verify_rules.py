@@ -2,8 +2,9 @@
 
 Under "paper" a torch op in forward is TORCH_COMPUTE; under "kernelbench" it is partial work,
 named in `details["partial"]`, and the candidate's own kernels must still do a meaningful part:
-torch running every compute op of the reference, no own kernel launched, or own kernels under
-`partial_min_own_share` of the GPU time are DECOY_KERNEL. The judge is fed fabricated profiler
+torch running every compute op of the reference or no own kernel launched are DECOY_KERNEL; own
+kernels that take a call of a reference op from torch pass at any share of the GPU time, and only
+where the reference's ops are unknown must they carry `partial_min_own_share` of it. The judge is fed fabricated profiler
 events (the attribution rules); the end-to-end cases run a real candidate child on a small
 Linear+ReLU task, where the reference's ops are audited in the trusted parent. Kernels on a
 library's own streams (cuDNN's LSTM) are judged on profiles of the idiom pair
@@ -154,6 +155,27 @@ def test_no_own_kernel_is_a_decoy_under_kernelbench_rules():
 def test_a_negligible_own_share_is_a_decoy_under_kernelbench_rules():
     verdict = _judge(_event(GEMM, 10_000), _event("bias_relu(float*)", 2)).verdict(trials=1)
     assert verdict.hack is H.DECOY_KERNEL and "0.0% of the GPU time" in verdict.message
+
+
+# A transposed convolution, two max-pools and a channel sum (KernelBench L2/78's shape of work):
+# torch's convolution and pools take ~2.8 ms, the own channel-sum kernel ~6 us (0.2%).
+CONV_POOL_SUM = {"aten.convolution.default": 1, "aten.max_pool3d_with_indices.default": 2, "aten.sum.dim_IntList": 1}
+
+
+@pytest.mark.parametrize(
+    ("ops", "hack"),
+    [({"aten.convolution.default": 1, "aten.max_pool3d_with_indices.default": 2}, None),
+     (CONV_POOL_SUM, H.DECOY_KERNEL)],
+    ids=["own_kernel_takes_the_sum", "torch_also_sums"],
+)
+def test_an_own_kernel_taking_a_cheap_op_of_the_reference_passes_at_any_share(ops, hack):
+    judge = Judge(JudgeSettings(rules="kernelbench", own_kernels=frozenset({"bias_relu"})))
+    judge.reference_ops = op_calls(CONV_POOL_SUM)
+    kernels = (_event(GEMM, 2800), _event("bias_relu(float*)", 6))
+    judge.observe(TrialReport(index=0, run=0, ok=True, ops=ops, kernels=kernels, marker_stream=7), (), 0)
+    verdict = judge.verdict(trials=1)
+    assert verdict.hack is hack, verdict
+    assert verdict.details["own_share"] < 0.005
 
 
 def test_a_fused_epilogue_after_a_torch_gemm_is_enough_under_kernelbench_rules():

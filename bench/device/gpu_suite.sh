@@ -3,24 +3,28 @@
 #   run(command="GROUPS_RUN=noverify bash bench/device/gpu_suite.sh", kind="nvidia-h100-x1", carry=[".device", ".bwrap", ".kb"])
 # All five do not finish in one 600 s call; GROUPS_RUN=noverify (441 s on an H100) leaves out the verify suite
 # (~6 min alone). Tests that need two GPUs (FSDP ranks, the 2-rank trainer) skip on one: run them on nvidia-h200-x2.
-# LIMIT: seconds per group (540); one log per group in $OUT.
+# GROUPS_RUN=verify runs the two verify groups and env; GROUPS_RUN=rest runs queue and learner
+# (CUDA_VISIBLE_DEVICES=1 leaves GPU 0 to other work).
+# LIMIT: seconds per group (540); one log per group in $OUT. A test still running after DUMP_S (240) seconds
+# gets its threads' stacks dumped into the log (pytest's faulthandler_timeout), then goes on.
 source "$(dirname "$0")/preamble.sh"
 LIMIT=${LIMIT:-540}
 T0=$SECONDS
 group() {  # name, pytest args...
   local name=$1; shift
-  timeout $LIMIT python3 -m pytest -q -rs -p no:cacheprovider -m gpu "$@" > $OUT/$name.log 2>&1
+  timeout $LIMIT python3 -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=${DUMP_S:-240} -m gpu "$@" \
+    > $OUT/$name.log 2>&1
   echo "$name rc $? at $((SECONDS-T0)) s: $(tail -1 $OUT/$name.log)"
 }
-case ${GROUPS_RUN:-all} in
-  all)
-    group verify_honest tests/test_verify_gpu.py -k "not cheat" &
-    group verify_cheat tests/test_verify_gpu.py -k cheat & ;;
-esac
-group env tests/test_env_gpu.py tests/test_env.py tests/test_inline.py &
-group queue tests/test_gpu_queue.py tests/test_compile_pool.py tests/test_timing_gpu.py tests/test_paired_timing.py \
+RUN=${GROUPS_RUN:-all}
+if [ $RUN = all ] || [ $RUN = verify ]; then
+  group verify_honest tests/test_verify_gpu.py -k "not cheat" &
+  group verify_cheat tests/test_verify_gpu.py -k cheat &
+fi
+[ $RUN = rest ] || group env tests/test_env_gpu.py tests/test_env.py tests/test_inline.py &
+[ $RUN = verify ] || group queue tests/test_gpu_queue.py tests/test_compile_pool.py tests/test_timing_gpu.py tests/test_paired_timing.py \
   tests/test_bench_gpu_queue_real.py tests/test_bench_gpu.py tests/test_bench_recheck.py &
-group learner tests/test_embedded_engine.py tests/test_models.py tests/test_head_actions.py tests/test_update.py \
+[ $RUN = verify ] || group learner tests/test_embedded_engine.py tests/test_models.py tests/test_head_actions.py tests/test_update.py \
   tests/test_checkpoint.py tests/test_data_filters.py tests/test_weight_sync.py tests/test_train_sglang_tensor.py \
   tests/test_fsdp.py tests/test_train_ranks.py tests/test_bench_watch.py &
 wait

@@ -45,9 +45,11 @@ from rewards.verify.wire import Loaded, OutputInfo, Snapshot, TrialReport
 # - no kernel of kernels/*.cu launched, or they carry less than `min_own_share` of the GPU time:
 #   DECOY_KERNEL (2);
 # - under KernelBench's rules (`rules="kernelbench"`) torch ops and torch kernels are not hacks
-#   but "partial" work (`details["partial"]`); own kernels must still run and carry at least
-#   `partial_min_own_share` of the GPU time, and torch must leave some op of the reference to
-#   them (torch making every call of every compute op the reference makes is DECOY_KERNEL);
+#   but "partial" work (`details["partial"]`); own kernels must still run, and torch must leave
+#   some call of a compute op of the reference to them (torch making every call of every compute
+#   op the reference makes is DECOY_KERNEL). Where it does, however cheap that op (a channel sum
+#   after a convolution), the own kernels do part of the task; where the reference's ops are not
+#   known, own kernels must carry at least `partial_min_own_share` of the GPU time;
 # - two runs on the same inputs under different allocator poison disagree: NONDETERMINISM (17);
 # - a constant output for a non-constant reference, or an input returned unchanged:
 #   DEGENERATE_OUTPUT (13);
@@ -119,6 +121,7 @@ class Judge:
         self.probe: compare.ProbeChange | None = None  # the mantissa probe's outputs, when it ran
         self.torch_work: set[str] = set()  # torch ops and kernels allowed under kernelbench rules
         self.reference_ops: Mapping[str, int] = {}  # compute ops of the reference's forward -> calls
+        self.op_left = False  # this trial's torch left some call of a reference op to the own kernels
         self.library_kernels: frozenset[str] = frozenset()  # kernels the reference runs off its stream
         self.max_abs = self.max_rel = 0.0
         self.details: dict[str, float | int | str | bool | None] = {}
@@ -147,6 +150,7 @@ class Judge:
         if report.after is not None:
             self._snapshot(report.after, "forward", trial)
         bad_ops = [] if self.s.allow_torch_compute else op_violations(report.ops, allow_gemm_conv=self.s.allow_gemm_conv)
+        self.op_left = bool(self.reference_ops) and not bad_ops
         if bad_ops and self.s.rules == "kernelbench":
             self._partial_ops(op_calls(report.ops, allow_gemm_conv=self.s.allow_gemm_conv), trial)
         elif bad_ops:
@@ -169,7 +173,8 @@ class Judge:
         every compute op the reference makes (an own kernel in place of one of a model's
         several Linear layers leaves torch an addmm short: partial, not a decoy)."""
         self.torch_work |= set(calls)
-        if self.reference_ops and all(calls.get(op, 0) >= n for op, n in self.reference_ops.items()):
+        self.op_left = bool(self.reference_ops) and any(calls.get(op, 0) < n for op, n in self.reference_ops.items())
+        if self.reference_ops and not self.op_left:
             listed = ", ".join(sorted(self.reference_ops)[:8])
             self.hack(H.DECOY_KERNEL, f"torch ran every compute op of the reference as often as it does "
                       f"({listed}): the candidate's own kernels do none of the task's work", trial)
@@ -209,6 +214,8 @@ class Judge:
         spent = ", ".join(f"{k} {v:.0f} us" for k, v in sorted(att.us.items()))
         if not counted:
             self.hack(H.DECOY_KERNEL, f"no kernel of kernels/*.cu ran in forward (GPU time: {spent or 'none'})", trial)
+        elif kernelbench and self.op_left:
+            return  # the own kernels make calls of the reference's ops that torch does not: work of the task
         elif att.share is not None and att.share < (need := s.partial_min_own_share if kernelbench else s.min_own_share):
             self.hack(H.DECOY_KERNEL, f"the candidate's kernels carry {att.share:.1%} of the GPU time "
                       f"(need {need:.1%}; {spent})", trial)
