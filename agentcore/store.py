@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Iterator
 
@@ -101,15 +101,16 @@ def _status(line: bytes) -> Status | None:
         return None  # a corrupt line stays where it is; readers skip it
 
 
-def _set_aside(path: Path, statuses: frozenset[Status]) -> int:
-    """Move the lines of trajectories that ended in `statuses` from `path` to the end of its
-    redone file, then replace `path` by the rest (written, fsync'd, renamed); returns how many."""
+def set_aside(path: Path, moved: Callable[[bytes], bool]) -> int:
+    """Move the lines for which `moved` is true from `path` to the end of its redone file, then
+    replace `path` by the rest (written, fsync'd, renamed); returns how many moved. A JSON-lines
+    file of the same shape (a benchmark's records) can be set aside the same way."""
     if not path.exists():
         return 0
     keep: list[bytes] = []
     move: list[bytes] = []
     for line in path.read_bytes().splitlines(keepends=True):
-        (move if _status(line) in statuses else keep).append(line)
+        (move if moved(line) else keep).append(line)
     if not move:
         return 0
     with redone_path(path).open("ab") as f:  # first: a crash before the rename loses nothing
@@ -166,7 +167,7 @@ class TrajectoryStore:
         if torn:
             log.warning("%s: removed a torn tail of %d bytes from an earlier run", self.path, torn)
         if self.redo:
-            self._redone = await anyio.to_thread.run_sync(_set_aside, self.path, self.redo)
+            self._redone = await anyio.to_thread.run_sync(set_aside, self.path, lambda line: _status(line) in self.redo)
         if self._redone:
             log.info("%s: %d trajectories run again (earlier ones kept in %s)", self.path, self._redone,
                      redone_path(self.path))

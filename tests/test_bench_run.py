@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
+import msgspec
 import orjson
 import pytest
 
@@ -196,6 +197,27 @@ async def test_a_record_lost_after_its_trajectory_was_stored_is_rebuilt_from_the
     assert counting.calls == 0
     assert again == first
     assert len(list(read_trajectories(Path(config.out_dir) / "trajectories.jsonl"))) == 3
+
+
+async def test_redo_judges_named_problems_again_and_keeps_their_old_lines_aside(tmp_path):
+    config = fake_config(tmp_path)
+    env = FakeKernelEnv()
+    await run_benchmark(config, kernel_env=env, evaluator=EnvEvaluator(env))
+    counting = CountingEvaluator(env)
+    redo = msgspec.structs.replace(config, redo=((1, 47), (2, 3)))  # (2, 3) has no record: nothing to set aside
+    records = await run_benchmark(redo, kernel_env=env, evaluator=counting)
+    assert counting.calls == 1 and [r.problem_id for r in records] == [19, 47, 51]
+    out = Path(config.out_dir)
+    assert [r.problem_id for r in read_records(out / "records.redone.jsonl")] == [47]
+    assert [t.task_id for t in read_trajectories(out / "trajectories.redone.jsonl")] == ["L1/47_Sum_reduction_over_a_dimension"]
+    assert sorted(r.problem_id for r in read_records(out / "records.jsonl")) == [19, 47, 51]
+    assert len(list(read_trajectories(out / "trajectories.jsonl"))) == 3
+
+
+def test_redo_items_are_level_slash_problem_id():
+    assert cli._problem_keys("1/6, 3/28") == ((1, 6), (3, 28))
+    with pytest.raises(ValueError, match="LEVEL/PROBLEM_ID"):
+        cli._problem_keys("6")
 
 
 async def test_checkpoints_share_an_out_dir_without_skipping_each_other(tmp_path):

@@ -7,7 +7,8 @@
     cuda-agent bench --write-wrappers DIR [--levels 1,2,3]
     cuda-agent bench --watch RUN_DIR [...]            (bench.kernelbench.watch)
 
-Writes OUT/records.jsonl (one line per problem; a rerun resumes), OUT/trajectories.jsonl, the
+Writes OUT/records.jsonl (one line per problem; a rerun resumes; `--redo 1/6,3/28` judges those
+problems again, their old lines set aside in OUT/*.redone.jsonl), OUT/trajectories.jsonl, the
 resolved config, and the report (`bench.kernelbench.report.write_report`); prints one line per
 problem (verdict, hack category, speedups) and the summary. Level 4 is skipped with a message:
 its Models load HuggingFace hub weights. `--replay PATH` (repeatable; implies `--engine replay`)
@@ -53,6 +54,17 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
 
 
+def _problem_keys(text: str) -> tuple[tuple[int, int], ...]:
+    """"1/6,3/28" -> ((1, 6), (3, 28))."""
+    keys = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        level, _, problem_id = item.partition("/")
+        if not (level.isdigit() and problem_id.isdigit()):
+            raise ValueError(f"--redo takes LEVEL/PROBLEM_ID items such as 1/6,3/28, not {item!r}")
+        keys.append((int(level), int(problem_id)))
+    return tuple(keys)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cuda-agent bench", description=__doc__.split("\n")[0],
                                 formatter_class=HelpFormatter)
@@ -60,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--problems", default="", help="KernelBench problems.jsonl (default: $KERNELBENCH_PROBLEMS, else the copy shipped with the package)")
     p.add_argument("--levels", default="1,2,3", help="KernelBench levels (4 is skipped: hub weights)")
     p.add_argument("--problem-ids", default="", help="only these problem ids, e.g. 19,23")
+    p.add_argument("--redo", default="", metavar="L/ID,...",
+                   help="judge these problems again although OUT has their records, e.g. 1/6,3/28 (once, not on a resume)")
     p.add_argument("--engine", choices=["local", "sglang", "replay"], help="default: replay with --replay, else local")
     p.add_argument("--model", default="", help="HF model directory or a named model (smollm2-135m) (local engine; default tokenizer)")
     p.add_argument("--url", action="append", default=[], help="SGLang server URL (repeatable)")
@@ -110,6 +124,7 @@ def to_config(a: argparse.Namespace):
         checked_dir(a.tokenizer, "--tokenizer")
     return BenchConfig(
         problems_path=a.problems, levels=parse_levels(a.levels), problem_ids=_ints(a.problem_ids), engine=engine,
+        redo=_problem_keys(a.redo),
         model_path=a.model, urls=tuple(a.url), tokenizer=a.tokenizer, family=a.family,
         replay_paths=tuple(a.replay), replay_wrappers=a.wrappers, replay_checks=not a.no_replay_checks,
         out_dir=a.out, max_turns=a.max_turns, samples=a.samples, temperature=a.temperature, top_p=a.top_p,

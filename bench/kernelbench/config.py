@@ -28,6 +28,10 @@ class BenchConfig(Struct, frozen=True, kw_only=True):
     """Levels to run; 4 is reported as skipped (hub weights)."""
     problem_ids: tuple[int, ...] = ()
     """Only these problem ids within the levels; empty: all."""
+    redo: tuple[tuple[int, int], ...] = ()
+    """(level, problem_id) of problems to judge again although OUT holds their record: their
+    records and trajectories are set aside (`records.redone.jsonl`, `trajectories.redone.jsonl`)
+    before the run (after an evaluator change). Give it once: a resume with it judges them anew."""
     engine: Literal["local", "sglang", "replay"] = "local"
     """local: the embedded engine on `model_path`; sglang: servers at `urls`; replay: solutions."""
     model_path: str = ""

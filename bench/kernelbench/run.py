@@ -49,7 +49,7 @@ from agentcore.progress import show_progress
 from agentcore.rollout import TURN_STRIDE, RolloutConfig, RolloutRunner
 from agentcore.sandbox import Sandbox, SandboxConfig
 from agentcore.session import WorkspaceTools
-from agentcore.store import TrajectoryStore
+from agentcore.store import TrajectoryStore, set_aside
 from agentcore.tiny_tokenizer import build_tiny_tokenizer, load_tokenizer
 from agentcore.toolparse import tool_schemas
 from agentcore.types import (
@@ -171,6 +171,28 @@ def _replay_set(config: BenchConfig, todo: list[Problem], out: Path) -> dict[tup
     return solutions
 
 
+def forget(out: Path, problems: tuple[tuple[int, int], ...]) -> int:
+    """Set aside OUT's records and trajectories of `problems` ((level, problem_id)), so that the
+    next run judges them again; returns how many records moved."""
+    keys = set(problems)
+    prefixes = tuple(f"L{level}/{problem_id}_".encode() for level, problem_id in keys)
+
+    def record(line: bytes) -> bool:
+        try:
+            row = orjson.loads(line)
+            return (row["level"], row["problem_id"]) in keys
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return False  # a torn or foreign line stays where it is
+
+    def trajectory(line: bytes) -> bool:
+        start = line.find(b'"task_id":"')
+        return start >= 0 and line[start + 11:].startswith(prefixes)
+
+    moved = set_aside(out / "records.jsonl", record)
+    set_aside(out / "trajectories.jsonl", trajectory)
+    return moved
+
+
 def _cut_torn_tail(path: Path) -> None:
     """Drop bytes after the last newline (a killed append), so the next record starts a clean line."""
     if path.exists() and (data := path.read_bytes()) and not data.endswith(b"\n"):
@@ -288,6 +310,8 @@ async def run_benchmark(config: BenchConfig, *, kernel_env: KernelEnv | None = N
     _check_env(config, out)
     _save_config(config, out)
     _cut_torn_tail(out / "records.jsonl")
+    if config.redo:
+        await anyio.to_thread.run_sync(forget, out, config.redo)
     work = plan(config, out)
     for record in work.direct:
         append_record(out / "records.jsonl", record)
