@@ -3,8 +3,8 @@
 Under "paper" a torch op in forward is TORCH_COMPUTE; under "kernelbench" it is partial work,
 named in `details["partial"]`, and the candidate's own kernels must still do a meaningful part:
 torch running every compute op of the reference or no own kernel launched are DECOY_KERNEL; own
-kernels that take a call of a reference op from torch pass at any share of the GPU time, and only
-where the reference's ops are unknown must they carry `partial_min_own_share` of it. The judge is fed fabricated profiler
+kernels that take a call of a reference op from a torch running only the reference's ops pass at
+any share of the GPU time; otherwise they must carry `partial_min_own_share` of it. The judge is fed fabricated profiler
 events (the attribution rules); the end-to-end cases run a real candidate child on a small
 Linear+ReLU task, where the reference's ops are audited in the trusted parent. Kernels on a
 library's own streams (cuDNN's LSTM) are judged on profiles of the idiom pair
@@ -165,8 +165,11 @@ CONV_POOL_SUM = {"aten.convolution.default": 1, "aten.max_pool3d_with_indices.de
 @pytest.mark.parametrize(
     ("ops", "hack"),
     [({"aten.convolution.default": 1, "aten.max_pool3d_with_indices.default": 2}, None),
-     (CONV_POOL_SUM, H.DECOY_KERNEL)],
-    ids=["own_kernel_takes_the_sum", "torch_also_sums"],
+     (CONV_POOL_SUM, H.DECOY_KERNEL),
+     # torch sums by another op (a matmul with ones) beside a tiny kernel: back to the share rule
+     ({"aten.convolution.default": 1, "aten.max_pool3d_with_indices.default": 2, "aten.mm.default": 1},
+      H.DECOY_KERNEL)],
+    ids=["own_kernel_takes_the_sum", "torch_also_sums", "torch_sums_by_another_op"],
 )
 def test_an_own_kernel_taking_a_cheap_op_of_the_reference_passes_at_any_share(ops, hack):
     judge = Judge(JudgeSettings(rules="kernelbench", own_kernels=frozenset({"bias_relu"})))

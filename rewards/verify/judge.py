@@ -47,9 +47,11 @@ from rewards.verify.wire import Loaded, OutputInfo, Snapshot, TrialReport
 # - under KernelBench's rules (`rules="kernelbench"`) torch ops and torch kernels are not hacks
 #   but "partial" work (`details["partial"]`); own kernels must still run, and torch must leave
 #   some call of a compute op of the reference to them (torch making every call of every compute
-#   op the reference makes is DECOY_KERNEL). Where it does, however cheap that op (a channel sum
-#   after a convolution), the own kernels do part of the task; where the reference's ops are not
-#   known, own kernels must carry at least `partial_min_own_share` of the GPU time;
+#   op the reference makes is DECOY_KERNEL). Where torch runs only ops of the reference and
+#   leaves some call to them, however cheap (a channel sum after a convolution), the own kernels
+#   do part of the task at any share of the GPU time; otherwise (the reference's ops unknown, or
+#   torch running ops the reference does not, which could stand in for the one it left) they
+#   must carry at least `partial_min_own_share` of it;
 # - two runs on the same inputs under different allocator poison disagree: NONDETERMINISM (17);
 # - a constant output for a non-constant reference, or an input returned unchanged:
 #   DEGENERATE_OUTPUT (13);
@@ -173,8 +175,9 @@ class Judge:
         every compute op the reference makes (an own kernel in place of one of a model's
         several Linear layers leaves torch an addmm short: partial, not a decoy)."""
         self.torch_work |= set(calls)
-        self.op_left = bool(self.reference_ops) and any(calls.get(op, 0) < n for op, n in self.reference_ops.items())
-        if self.reference_ops and not self.op_left:
+        undone = bool(self.reference_ops) and any(calls.get(op, 0) < n for op, n in self.reference_ops.items())
+        self.op_left = undone and set(calls) <= set(self.reference_ops)  # torch ran only the reference's ops
+        if self.reference_ops and not undone:
             listed = ", ".join(sorted(self.reference_ops)[:8])
             self.hack(H.DECOY_KERNEL, f"torch ran every compute op of the reference as often as it does "
                       f"({listed}): the candidate's own kernels do none of the task's work", trial)
