@@ -612,6 +612,69 @@ def test_autocast_turned_off_is_allowed_and_on_is_global_state():
         assert HackCategory.GLOBAL_STATE in {f.category for f in check_model_new(source) if f.blocking}, on
 
 
+def test_backend_flag_reads_are_allowed_and_writes_are_global_state():
+    for read in ("torch.backends.cudnn.is_available()", "torch.backends.cudnn.enabled", "torch.backends.cudnn.version()",
+                 "hasattr(torch.backends.cuda, 'matmul')", "torch.backends.cuda.matmul.allow_tf32", "torch.backends.cuda.is_built()"):
+        source = model_new(init=f"self.flag = {read}", forward=f"if {read}:\n    pass\nreturn cuda_extension.f(x)")
+        assert check_model_new(source) == [], read
+    for write in ("torch.backends.cudnn.benchmark = True", "torch.backends.cuda.matmul.allow_tf32 |= True",
+                  "setattr(torch.backends.cudnn, 'benchmark', True)", "torch.backends.cuda.enable_flash_sdp(False)",
+                  "cudnn = torch.backends.cudnn\ncudnn.benchmark = True", "with torch.backends.cudnn.flags(enabled=False):\n    pass"):
+        for place in ("init", "forward"):
+            source = model_new(**{place: f"{write}\n" + ("return cuda_extension.f(x)" if place == "forward" else "pass")})
+            assert HackCategory.GLOBAL_STATE in {f.category for f in check_model_new(source) if f.blocking}, (write, place)
+
+
+NESTED = """
+    def _post(self, x):
+        class Post(nn.Module):
+            def __init__(self, scale):
+                super(Post, self).__init__()
+                self.scale = scale
+{init}
+            def forward(self, x):
+{forward}
+        return Post(2)(x)
+"""
+
+
+def nested(init: str = "", forward: str = "return cuda_extension.f(x, self.scale)") -> str:
+    """A module class defined in a method that forward calls (so built per call)."""
+    body = NESTED.format(init="\n".join(" " * 16 + line for line in init.splitlines()),
+                         forward="\n".join(" " * 16 + line for line in forward.splitlines()))
+    return model_new(forward="return cuda_extension.g(self._post(x))") + body
+
+
+def test_a_class_defined_in_a_method_builds_itself_in_its_own_init():
+    # super().__init__() and the attributes it sets build a new instance: neither the reference
+    # nor state kept across calls; its forward, which calls the kernel, is checked on its own.
+    assert check_model_new(nested()) == []
+
+
+def test_a_class_defined_in_a_method_is_still_checked():
+    compute = nested(forward="return torch.relu(x) * self.scale")
+    assert {"torch.relu", "tensor arithmetic (Mult)"} <= {f.torch_work for f in check_model_new(compute)}
+    state = nested(forward="self.last = cuda_extension.f(x)\nreturn self.last")
+    assert HackCategory.OUTPUT_CACHING in {f.category for f in check_model_new(state) if f.blocking}
+    built_per_call = nested(init="self.y = torch.relu(torch.ones(3))")
+    assert "torch.relu" in {f.torch_work for f in check_model_new(built_per_call)}
+    reference = nested().replace("class Post(nn.Module)", "class Post(Model)")
+    assert HackCategory.INHERITS_REFERENCE in {f.category for f in check_model_new(reference) if f.blocking}
+
+
+def test_a_module_class_defined_in_init_is_a_local_module_with_a_per_call_forward():
+    source = model_new(init="class Scale(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                       "        self.w = nn.Parameter(torch.ones(4))\n    def forward(self, x):\n"
+                       "        return cuda_extension.f(x, self.w)\nself.scale = Scale()",
+                       forward="return self.scale(x)")
+    assert check_model_new(source) == []
+    cheat = source.replace("return cuda_extension.f(x, self.w)", "return cuda_extension.f(x) * self.w")
+    assert HackCategory.TORCH_COMPUTE in {f.category for f in check_model_new(cheat) if f.blocking}
+    torch_base = model_new(init="class Proj(nn.Linear):\n    pass\nself.proj = Proj(4, 4)",
+                           forward="return cuda_extension.f(self.proj(x))")
+    assert "torch.nn.Linear" in {f.torch_work for f in check_model_new(torch_base)}
+
+
 def test_stale_task_global_read_by_model_new_is_problem_shrinking():
     source = model_new(extra="features = 8", init="self.n = features")
     (finding,) = check_model_new(source, reference="features = 1024\n")

@@ -26,9 +26,10 @@ Policy decisions, in short:
 - numpy computes constants only: its scalar maths, constants and dtypes (`np.log(1 / 0.01)`,
   `np.pi`, as the tasks' own code uses them), never on a tensor in forward; its file and
   raw-memory readers are a sandbox escape, the rest of it is denied.
-- Queries that only read torch's state (`torch.jit.is_scripting()`) and autocast turned off with
-  a literal `enabled=False` (nothing is lowered) are allowed; every other use of torch.jit and
-  autocast is denied by the prefix rules.
+- Queries that only read torch's state (`torch.jit.is_scripting()`, a backend flag's value,
+  `torch.backends.cudnn.is_available()`) and autocast turned off with a literal `enabled=False`
+  (nothing is lowered) are allowed; every other use of torch.jit, torch.backends and autocast is
+  denied by the prefix rules, and a write into a backend flag is global_state.
 - The tables are the same under both rule sets (`rewards.verdict.Rules`); under "kernelbench"
   a denial of torch doing part of the work becomes a "partial" note (`verdict.apply_rules`).
 """
@@ -206,8 +207,23 @@ TORCH_QUERIES: dict[str, str] = {
     "torch.jit.is_scripting": "a query: runs nothing of TorchScript",
     "torch.jit.is_tracing": "a query: runs nothing of TorchScript",
     "torch.compiler.is_compiling": "a query: runs nothing of torch.compile",
+} | {
+    f"torch.backends.{name}": "reads a backend flag or probes a backend; writing one is global_state"
+    for name in "cudnn.enabled cudnn.benchmark cudnn.benchmark_limit cudnn.deterministic cudnn.allow_tf32 "
+    "cudnn.fp32_precision cuda.matmul.allow_tf32 cuda.matmul.allow_fp16_reduced_precision_reduction "
+    "cuda.matmul.allow_bf16_reduced_precision_reduction cuda.matmul.fp32_precision fp32_precision "
+    "mkldnn.enabled mkldnn.deterministic opt_einsum.enabled cudnn.is_available cudnn.version "
+    "cudnn.is_acceptable cuda.is_built cuda.flash_sdp_enabled cuda.mem_efficient_sdp_enabled "
+    "cuda.math_sdp_enabled cuda.cudnn_sdp_enabled cuda.is_flash_attention_available mha.get_fastpath_enabled "
+    "mps.is_available mps.is_built mkl.is_available mkldnn.is_available openmp.is_available "
+    "cusparselt.is_available cusparselt.version opt_einsum.is_available cpu.get_cpu_capability".split()
 }
-"""Allowed everywhere, before the prefix rules deny the rest of their namespace."""
+"""Allowed everywhere, before the prefix rules deny the rest of their namespace. Under
+`torch.backends` these are a flag's value and the probes that only read (`is_available()`,
+`version()`); a store into a flag (`rewards.static.python`), a call of anything else there
+(`flags(...)`, `enable_flash_sdp(...)`) and the backend modules themselves, which a write can go
+through, stay global_state. `hasattr(torch.backends.cuda, "matmul")` only asks whether a name
+exists (`rewards.static.pyexpr`)."""
 AUTOCAST_ENABLED_ARG: dict[str, int] = {
     "torch.autocast": 2,
     "torch.amp.autocast": 2,

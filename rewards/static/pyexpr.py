@@ -31,6 +31,10 @@ class ExpressionChecks(TensorTyping):
     def flag(self, node: ast.AST, category: H, message: str, partial: str = "") -> None:
         raise NotImplementedError
 
+    def constructing(self) -> bool:
+        """In the `__init__` of a class defined in per-call code (`rewards.static.python`)."""
+        raise NotImplementedError
+
     def is_input(self, name: str, node: ast.AST) -> bool:
         """`name` is a parameter not rebound on an earlier line (`x = conv(x); x += y` adds to a
         new tensor). Line order stands in for flow; the GPU side fingerprints the inputs."""
@@ -139,11 +143,24 @@ class ExpressionChecks(TensorTyping):
             and qualname(func, self.facts.aliases, self.self_aliases()) is None
         ):
             self._check_method(node, func.value, func.attr)
+        if self._is_name_probe(node):  # hasattr(torch.backends.cuda, "matmul"): reads nothing
+            return
         if self._is_type_test(node):  # isinstance(m, nn.Linear): the types are named, not called
             self.visit(func)
             self.visit(node.args[0])
             return
         self.generic_visit(node)
+
+    def _is_name_probe(self, node: ast.Call) -> bool:
+        """`hasattr(<torch name>, "literal")`: asks whether torch has a name; nothing is called,
+        bound or changed."""
+        if not (isinstance(node.func, ast.Name) and node.func.id == "hasattr" and node.func.id not in self.locals):
+            return False
+        if len(node.args) != 2 or node.keywords:
+            return False
+        obj, name = node.args
+        q = qualname(obj, self.facts.aliases, self.self_aliases()) or ""
+        return q.split(".")[0] == "torch" and isinstance(name, ast.Constant) and isinstance(name.value, str)
 
     def _is_type_test(self, node: ast.Call) -> bool:
         if not (isinstance(node.func, ast.Name) and node.func.id in P.TYPE_TESTS and len(node.args) == 2):
@@ -245,11 +262,12 @@ class ExpressionChecks(TensorTyping):
             and isinstance(recv.func, ast.Name)
             and recv.func.id == "super"
         ):
-            self.flag(
-                node,
-                H.INHERITS_REFERENCE,
-                f"super().{method}() runs the parent class's computation",
-            )
+            if not (method == "__init__" and self.constructing()):
+                self.flag(
+                    node,
+                    H.INHERITS_REFERENCE,
+                    f"super().{method}() runs the parent class's computation",
+                )
             return
         root = root_name(recv)
         is_state = root == "self" or (root in self.facts.module_names and root not in self.locals)
@@ -303,9 +321,10 @@ class ExpressionChecks(TensorTyping):
                 f"self.{method}(...) calls a torch module: it does the work, not your kernel",
             )
         elif method in ("register_buffer", "register_parameter"):
-            self.flag(
-                node, H.OUTPUT_CACHING, f"self.{method}() in {self.func}: state kept across calls"
-            )
+            if not self.constructing():
+                self.flag(
+                    node, H.OUTPUT_CACHING, f"self.{method}() in {self.func}: state kept across calls"
+                )
         elif method not in P.MODULE_METHODS_OK and method not in cls.aliases:
             self.torch_work(
                 node, f"self.{method}()", f"self.{method}() in {self.func} runs nn.Module machinery"

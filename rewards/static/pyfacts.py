@@ -242,6 +242,16 @@ def _is_autograd(info: ClassFacts, facts: ModuleFacts, depth: int = 0) -> bool:
     return False
 
 
+def nested_class_facts(node: ast.ClassDef, key: str, facts: ModuleFacts) -> ClassFacts:
+    """The facts of a class defined inside a function (a helper module built in a method), under
+    `key`, a name no top-level class or function can take: its methods are its own, not helpers
+    of the function it sits in."""
+    info = ClassFacts(key, node, _methods(node))
+    info.autograd = _is_autograd(info, facts)
+    _bind_attrs(info, facts, set(facts.classes))
+    return info
+
+
 # ---------------------------------------------------------------------------------------------
 # What a class binds on self while it is built.
 
@@ -250,7 +260,7 @@ def _bind_attrs(info: ClassFacts, facts: ModuleFacts, local: set[str]) -> None:
     """Parameters, buffers and submodules bound in __init__ and in the helpers only it calls."""
     builders = [fn for name, fn in info.methods.items() if name == "__init__" or f"{info.name}.{name}" in facts.init_only]
     for fn in builders:
-        for node in ast.walk(fn):
+        for node in _own_nodes(fn):
             if isinstance(node, ast.Assign):
                 for t in node.targets:
                     if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
@@ -259,6 +269,17 @@ def _bind_attrs(info: ClassFacts, facts: ModuleFacts, local: set[str]) -> None:
                 if node.func.attr in ("register_buffer", "register_parameter") and node.args:
                     if isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
                         info.tensors.add(node.args[0].value)
+
+
+def _own_nodes(fn: ast.AST) -> list[ast.AST]:
+    """`ast.walk(fn)` without the bodies of the classes defined in it: their `self` and their
+    `return`s are another object's."""
+    out, todo = [], [fn]
+    while todo:
+        node = todo.pop(0)
+        out.append(node)
+        todo += [c for c in ast.iter_child_nodes(node) if not isinstance(c, ast.ClassDef)]
+    return out
 
 
 def _helper_returns(value: ast.expr, info: ClassFacts, facts: ModuleFacts) -> ast.FunctionDef | None:
@@ -283,7 +304,7 @@ def _built_by_helper(
     if helper is None or depth > 4:
         return None
     kinds = set()
-    for r in (n.value for n in ast.walk(helper) if isinstance(n, ast.Return) and n.value is not None):
+    for r in (n.value for n in _own_nodes(helper) if isinstance(n, ast.Return) and n.value is not None):
         rq = qualname(r.func if isinstance(r, ast.Call) else r, facts.aliases, {})
         if _builds_local_module(r, rq, facts, local, helper):
             kinds.add("local")
@@ -327,7 +348,10 @@ def _builds_local_module(
     value: ast.expr, q: str | None, facts: ModuleFacts, local: set[str], scope: ast.AST | None = None
 ) -> bool:
     """`Block(...)`, or a ModuleList/Sequential whose modules are all local classes (also when
-    they reach it through a list built in `scope`: `layers.append(Block(...))`, `*layers`)."""
+    they reach it through a list built in `scope`: `layers.append(Block(...))`, `*layers`). A
+    class that `scope` defines is local too: the checker walks its methods where it is defined."""
+    if scope is not None:
+        local = local | {n.name for n in ast.walk(scope) if isinstance(n, ast.ClassDef)}
     if isinstance(value, ast.Name) and scope is not None:
         bound = [v for v in _bound_values(value.id, scope) if not isinstance(v, ast.Name)]
         return bool(bound) and all(_builds_local_module(v, None, facts, local, scope) for v in bound)

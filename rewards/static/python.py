@@ -33,6 +33,7 @@ from rewards.static.pyfacts import (
     ModuleFacts,
     collect_facts,
     is_scalar_annotation,
+    nested_class_facts,
     qualname,
     root_name,
 )
@@ -180,9 +181,18 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
                     H.LAZY_TENSOR,
                     f"{stmt.name} intercepts torch calls and can defer or fake results",
                 )
-        outer, self.cls = self.cls, self.facts.classes.get(node.name)
+        outer, fn_node = self.cls, self.fn_node
+        if fn_node is None:
+            self.cls = self.facts.classes.get(node.name)
+        else:  # defined in a method or function: its methods are not helpers of that function
+            ctx, self.ctx = self.ctx, Ctx.RUNTIME  # a torch base (nn.Linear) computes per call
+            for base in node.bases:
+                self.visit(base)
+            self.ctx = ctx
+            self.cls = nested_class_facts(node, f"{self.func}.<locals>.{node.name}", self.facts)
+            self.fn_node = None
         self.generic_visit(node)
-        self.cls = outer
+        self.cls, self.fn_node = outer, fn_node
 
     def _is_module_class(self, node: ast.ClassDef, depth: int = 0) -> bool:
         for base in node.bases:
@@ -247,12 +257,20 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
 
     def _builds_only(self, node: ast.FunctionDef | ast.AsyncFunctionDef, task_copy: bool) -> bool:
         """Code that runs only while the model is built (or never while forward is evaluated):
-        __init__, the helpers only it calls, an autograd function's backward, a dead task copy."""
+        __init__, the helpers only it calls, an autograd function's backward, a dead task copy.
+        The `__init__` of a class defined in per-call code runs per call (`constructing`)."""
         if self.cls is not None and node.name == "__init__":
-            return True
+            return self.ctx is not Ctx.RUNTIME
         if self.cls is not None and self.cls.autograd and node.name in P.AUTOGRAD_GRAD_METHODS:
             return True
         return self.func in self.facts.init_only or (task_copy and node.name in self.facts.dead_task_copies)
+
+    def constructing(self) -> bool:
+        """In the `__init__` of a class defined in per-call code: each call builds a new instance,
+        so its own attributes and its base's `__init__` are construction, not state kept across
+        calls; torch compute there is still per-call work."""
+        init = self.cls.methods.get("__init__") if self.cls is not None else None
+        return self.ctx is Ctx.RUNTIME and init is not None and self.fn_node is init
 
     def _key(self, name: str) -> str:
         return f"{self.cls.name}.{name}" if self.cls is not None else name
@@ -338,7 +356,7 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
         root = root_name(target)
         if self.ctx is Ctx.RUNTIME and _own_state(target, self.facts.reference_state):
             return  # the task's own Model keeps this attribute across calls
-        if self.ctx is Ctx.RUNTIME and root == "self":
+        if self.ctx is Ctx.RUNTIME and root == "self" and not self.constructing():
             self.flag(
                 node,
                 H.OUTPUT_CACHING,
