@@ -2,7 +2,8 @@
 on the load_inline source strings.
 
 What it is: step 4 of `rewards.inline.prepare`. `static_findings(spec, model_new, reference)` runs
-`rewards.static.python.check_model_new` on the rewritten file and `rewards.static.cpp`'s host and
+`rewards.static.python.check_model_new` on the rewritten file (told which imports only made
+build settings, `InlineSpec.build_only_imports`) and `rewards.static.cpp`'s host and
 device rules on each module's strings (file names say which module and argument; lines are lines
 of that string);
 `split_device_code` separates a .cu text's kernel bodies from its host code so that each set of
@@ -63,5 +64,6 @@ def static_findings(spec: InlineSpec, model_new: str, reference: str) -> list[Fi
         if module.cuda_sources:
             host, device = split_device_code(module.cuda_sources)
             files |= {f"{prefix}cuda_sources.cpp": host, f"{prefix}cuda_sources.cuh": device}
-    findings = check_model_new(model_new, reference=reference) + check_kernels(files)
+    build_only = frozenset(spec.build_only_imports)
+    findings = check_model_new(model_new, reference=reference, build_only_imports=build_only) + check_kernels(files)
     return sorted(findings, key=lambda f: (f.file, f.line))

@@ -8,9 +8,11 @@ module, an `if`, a function or the class). Each call builds one extension module
 (its keys) or one string, or be left out when the sources define `PYBIND11_MODULE` themselves.
 What cannot matter for a build the compile pool owns is noted, not refused (`InlineSpec.notes`):
 a computed `name=`, flags computed at import, `**options` when the sources and functions are
-given explicitly. What is refused raises `UnsupportedInline`, whose one-line message names the
-construct and why; a file that does not parse raises `InvalidSolution`. `rewards.inline.prepare`
-turns both into COMPILE_ERROR verdicts.
+given explicitly. Imports used only to make such arguments (`os.getpid()` in a name, a build
+directory) are listed in `InlineSpec.build_only_imports` (`rewards.inline.settings`). What is
+refused raises `UnsupportedInline`, whose one-line message names the construct and why; a file
+that does not parse raises `InvalidSolution`. `rewards.inline.prepare` turns both into
+COMPILE_ERROR verdicts.
 What it is not: the rewrite of model_new.py (`rewards.inline.rewrite`), the generated sources
 (`rewards.inline.sources`) or the preparation as a whole (`rewards.inline.prepare`).
 
@@ -29,6 +31,7 @@ import msgspec
 from msgspec import Struct
 
 from rewards.inline.fold import Folder, NotFoldable, dotted
+from rewards.inline.settings import build_only_imports
 
 CPP_EXTENSION = "torch.utils.cpp_extension"
 LOAD_INLINE = f"{CPP_EXTENSION}.load_inline"
@@ -38,6 +41,9 @@ BUILD_OPTIONS = frozenset(
     "build_directory verbose with_cuda with_sycl with_pytorch_error_handling keep_intermediates use_pch "
     "no_implicit_headers extra_sycl_cflags sycl_sources".split()
 )  # load_inline's other parameters: the compile pool decides what they would
+IGNORED_ARGS = frozenset({"name", *FLAG_ARGS, *BUILD_OPTIONS})
+"""Arguments the build does not take as given: the module's name, the extra_* flags (only `-D`
+defines that fold to constants are kept) and the build options, which the compile pool sets."""
 MAX_SOURCE_BYTES = 1 << 20  # as rewards.evaluate.MAX_FILE_BYTES
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DEFINE = re.compile(r"^-D([A-Za-z_][A-Za-z0-9_]*)(?:=([A-Za-z0-9_.+-]*))?$")
@@ -86,6 +92,9 @@ class InlineSpec(Struct, frozen=True, kw_only=True):
     calls: tuple[InlineCall, ...]
     notes: tuple[str, ...] = ()
     """What was read but does not change the build (computed names, flags, **options)."""
+    build_only_imports: tuple[str, ...] = ()
+    """Imports used only to make load_inline's ignored arguments (`os` for a process-unique name
+    or a build directory: `rewards.inline.settings`); their import is a note, not a finding."""
 
 
 def _aliases(tree: ast.Module) -> dict[str, str]:
@@ -312,7 +321,8 @@ def extract(source: str) -> InlineSpec:
     ignored = sorted({f for m in modules for f in m.ignored_flags})
     if ignored:
         notes.append(f"extra flags not passed on (the compile pool sets arch and flags): {' '.join(ignored)[:200]}")
-    return InlineSpec(modules=_attrs(modules), calls=tuple(sites), notes=tuple(notes))
+    return InlineSpec(modules=_attrs(modules), calls=tuple(sites), notes=tuple(notes),
+                      build_only_imports=build_only_imports(tree, aliases, calls, IGNORED_ARGS))
 
 
 def _same_build(a: InlineModule, b: InlineModule) -> bool:

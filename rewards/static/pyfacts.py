@@ -1,6 +1,7 @@
 """What the model_new.py checker knows before and during its walk: facts and expression types.
 
-`collect_facts` gathers import aliases (`F` -> torch.nn.functional; `ext = cuda_extension` too),
+`collect_facts` gathers import aliases (`F` -> torch.nn.functional; `ext = cuda_extension` too,
+and where else the extension is bound: getters, methods returning it, class attributes, locals),
 each class's parameters, buffers and torch submodules from its `__init__` and the helpers only
 `__init__` calls (`rewards.static.pyscope.init_only`: `reset_parameters`, `_make_layer`, block
 builders), module-level names and constants, the names live code reads, copies of the task's
@@ -59,7 +60,7 @@ class ClassFacts:
     torch_modules: set[str] = field(default_factory=set)  # self.X = nn.Linear(...)
     tensors: set[str] = field(default_factory=set)  # parameters and buffers
     local_modules: set[str] = field(default_factory=set)  # self.X = Block() (checked itself)
-    aliases: dict[str, str] = field(default_factory=dict)  # self.X = cuda_extension
+    aliases: dict[str, str] = field(default_factory=dict)  # self.X = cuda_extension; "m()": a getter
     autograd: bool = False  # subclasses torch.autograd.Function
 
 
@@ -114,9 +115,11 @@ def collect_facts(tree: ast.Module, reference: str | None) -> ModuleFacts:
     aliases |= {f"{name}()": "cuda_extension" for name in _extension_getters(tree, aliases)}
     facts = ModuleFacts(aliases, {}, {}, set(), False, {}, extension_globals=ext_globals)
     local = {s.name for s in tree.body if isinstance(s, ast.ClassDef)}
+    rebound = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and not isinstance(n.ctx, ast.Load)}
     for stmt in tree.body:
         if isinstance(stmt, ast.ClassDef):
-            facts.classes[stmt.name] = ClassFacts(stmt.name, stmt, _methods(stmt))
+            info = facts.classes[stmt.name] = ClassFacts(stmt.name, stmt, _methods(stmt))
+            info.aliases |= {f"{name}()": "cuda_extension" for name in _extension_methods(info, aliases) - rebound}
         elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
             facts.functions[stmt.name] = stmt
         for t in _assigned(stmt):
@@ -130,6 +133,10 @@ def collect_facts(tree: ast.Module, reference: str | None) -> ModuleFacts:
                if name == "__init__" or f"{info.name}.{name}" in facts.init_only}  # fmt: skip
     facts.per_call_names = loaded_names(tree, facts.dead_task_copies, frozenset(builds))
     facts.module_constants = module_constants(tree)
+    for key, q in _class_extension_attrs(tree, facts.classes, aliases).items():
+        facts.aliases[key] = q
+        cls, attr = key.split(".")
+        facts.classes[cls].aliases[attr] = q
     for info in facts.classes.values():
         info.autograd = _is_autograd(info, facts)
         _bind_attrs(info, facts, local)
@@ -195,6 +202,103 @@ def _extension_getters(tree: ast.Module, aliases: dict[str, str]) -> set[str]:
             returns = [n.value for n in ast.walk(fn) if isinstance(n, ast.Return)]
             if returns and all(r is not None and _is_extension(r, aliases) for r in returns):
                 out.add(fn.name)
+    return out
+
+
+def _extension_methods(info: ClassFacts, aliases: dict[str, str]) -> set[str]:
+    """Methods whose every `return` gives the extension or None, and one gives the extension
+    (`def _load(self): return load_inline(...)`, rewritten to `return (cuda_extension)`; also
+    through a local bound to it): `self._load()` is the extension, unless an attribute of that
+    name is assigned anywhere (`self._load = ...` would shadow the method)."""
+    out = set()
+    for name, fn in info.methods.items():
+        scope = aliases | local_extension(fn, aliases)
+        returns = [n.value for n in ast.walk(fn) if isinstance(n, ast.Return)]
+        if any(r is not None and _is_extension(r, scope) for r in returns) and all(
+            r is None or _none_or_extension(r, scope) for r in returns
+        ):
+            out.add(name)
+    return out
+
+
+def _class_extension_attrs(tree: ast.Module, classes: dict[str, ClassFacts], aliases: dict[str, str]) -> dict[str, str]:
+    """"Cls.attr" -> the extension, for a class attribute that every store binds to the
+    extension or None and one to the extension: `ops = load_inline(...)` in the class body,
+    `Cls.ops = load_inline(...)` anywhere, `self.ops = ...` in the class's methods. Any other
+    store (unpacking, augmented, another value) disqualifies the attribute."""
+    bound: dict[str, set[str | None]] = {}
+    for attr, value, fn, owner in _attribute_stores(tree, classes):
+        if value is None or _is_none(value):
+            q = None if value is None else "None"
+        else:
+            scope = aliases | local_extension(fn, aliases) if fn is not None else aliases
+            q = qualname(value, scope, classes[owner].aliases)
+        bound.setdefault(f"{owner}.{attr}", set()).add(q)
+    out = {}
+    for key, qs in bound.items():
+        ext = qs - {"None"}
+        q = ext.pop() if len(ext) == 1 else None
+        if q is not None and q.split(".")[0] == "cuda_extension":
+            out[key] = q
+    return out
+
+
+def _attribute_stores(tree: ast.Module, classes: dict[str, ClassFacts]):
+    """(attr, value, enclosing function, class) for each store of a class's attribute: a Name
+    target in its body, `Cls.attr` anywhere, `self.attr` in its methods. `value` is None when
+    the store is not a plain assignment."""
+    owner_of = {id(fn): name for name, info in classes.items() for fn in info.methods.values()}
+
+    def walk(node: ast.AST, fn: ast.AST | None, cls: str | None):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            for child in ast.iter_child_nodes(node):
+                yield from walk(child, node, owner_of.get(id(node), cls if fn is not None else None))
+            return
+        if isinstance(node, ast.ClassDef) and node.name in classes and fn is None:
+            for stmt in node.body:
+                assign = isinstance(stmt, ast.Assign)
+                if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    yield stmt.name, None, None, node.name  # a def of the same name rebinds it
+                for t in stmt.targets if assign else [getattr(stmt, "target", None)]:
+                    if isinstance(t, ast.Name):
+                        yield t.id, stmt.value if assign else None, None, node.name
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and isinstance(node.value, ast.Name):
+            owner = node.value.id if node.value.id in classes else cls if node.value.id == "self" else None
+            if owner is not None:
+                yield node.attr, _assigned_value(node, parents), fn, owner
+        for child in ast.iter_child_nodes(node):
+            yield from walk(child, fn, cls)
+
+    parents = {id(c): p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+    yield from walk(tree, None, None)
+
+
+def _assigned_value(target: ast.expr, parents: dict[int, ast.AST]) -> ast.expr | None:
+    """The value of the plain assignment whose target `target` is, else None."""
+    parent = parents.get(id(target))
+    return parent.value if isinstance(parent, ast.Assign) and target in parent.targets else None
+
+
+def local_extension(
+    fn: ast.AST, aliases: dict[str, str], params: list[str] | None = None, self_aliases: dict[str, str] | None = None
+) -> dict[str, str]:
+    """Local names every store in `fn` binds to the extension (`ops = _get_ext()`, `ext =
+    load_inline(...)` rewritten to `ext = (cuda_extension)`), other than its parameters."""
+    if params is None and isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        params = [a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs]
+    values: dict[str, list[ast.expr]] = {}
+    for node in ast.walk(fn):
+        for t in node.targets if isinstance(node, ast.Assign) else ():
+            if isinstance(t, ast.Name):
+                values.setdefault(t.id, []).append(node.value)
+    stores = [n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+    out = {}
+    for name, bound in values.items():
+        qs = {qualname(v, aliases, self_aliases or {}) for v in bound}
+        q = qs.pop() if len(qs) == 1 else None
+        once = stores.count(name) == len(bound) and name not in (params or ())
+        if q and q.split(".")[0] == "cuda_extension" and once:
+            out[name] = q
     return out
 
 
@@ -318,8 +422,9 @@ def _built_by_helper(
 def _record_attr(
     info: ClassFacts, attr: str, value: ast.expr, facts: ModuleFacts, local: set[str], scope: ast.AST
 ) -> None:
-    whole = qualname(value, facts.aliases, {})
-    if isinstance(value, ast.Call) and whole == "cuda_extension":  # self.ext = _get_ext()
+    aliases = facts.aliases | local_extension(scope, facts.aliases, self_aliases=info.aliases)  # `self.k = ext`
+    whole = qualname(value, aliases, info.aliases)
+    if isinstance(value, ast.Call) and whole == "cuda_extension":  # self.ext = _get_ext(), self._load()
         info.aliases[attr] = whole
         return
     kind = _built_by_helper(value, info, facts, local)
@@ -329,7 +434,7 @@ def _record_attr(
         info.torch_modules.add(attr)
     if kind is not None:
         return
-    q = qualname(value.func if isinstance(value, ast.Call) else value, facts.aliases, {})
+    q = qualname(value.func if isinstance(value, ast.Call) else value, aliases, {})
     if _builds_local_module(value, q, facts, local, scope):
         info.local_modules.add(attr)
         return
@@ -409,12 +514,19 @@ def qualname(node: ast.expr, aliases: dict[str, str], self_aliases: dict[str, st
     """`F.relu` -> 'torch.nn.functional.relu' when the chain starts at an import or self.X alias."""
     if isinstance(node, ast.Name):
         return aliases.get(node.id)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args and not node.keywords:
-        return aliases.get(f"{node.func.id}()")  # a getter of the extension (`_ext()`)
+    if isinstance(node, ast.Call) and not node.args and not node.keywords:  # a getter of the extension
+        if isinstance(node.func, ast.Name):
+            return aliases.get(f"{node.func.id}()")  # `_ext()`
+        func = node.func
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
+            return self_aliases.get(f"{func.attr}()")  # `self._load()`
+        return None
     if not isinstance(node, ast.Attribute):
         return None
     if isinstance(node.value, ast.Name) and node.value.id == "self":
         return self_aliases.get(node.attr)
+    if isinstance(node.value, ast.Name) and f"{node.value.id}.{node.attr}" in aliases:
+        return aliases[f"{node.value.id}.{node.attr}"]  # a class attribute holding the extension
     base = qualname(node.value, aliases, self_aliases)
     return f"{base}.{node.attr}" if base else None
 

@@ -33,6 +33,7 @@ from rewards.static.pyfacts import (
     ModuleFacts,
     collect_facts,
     is_scalar_annotation,
+    local_extension,
     nested_class_facts,
     qualname,
     root_name,
@@ -43,9 +44,12 @@ from rewards.verdict import HackCategory as H
 
 
 def check_model_new(
-    source: str, *, file: str = "model_new.py", reference: str | None = None
+    source: str, *, file: str = "model_new.py", reference: str | None = None,
+    build_only_imports: frozenset[str] = frozenset(),
 ) -> list[Finding]:
-    """Findings for one model_new.py; `reference` is the trusted model.py text, if at hand."""
+    """Findings for one model_new.py; `reference` is the trusted model.py text, if at hand.
+    `build_only_imports` are modules a single-file solution uses only to make load_inline's
+    ignored build settings (`rewards.inline.settings`): their import is a note."""
     try:
         tree = ast.parse(source)
     except SyntaxError as e:
@@ -54,7 +58,7 @@ def check_model_new(
                 category=H.LAYOUT, file=file, line=e.lineno or 1, message=f"does not parse: {e.msg}"
             )
         ]
-    checker = _Checker(file, collect_facts(tree, reference))
+    checker = _Checker(file, collect_facts(tree, reference), build_only_imports)
     checker.run(tree)
     return checker.findings
 
@@ -64,8 +68,8 @@ def check_model_new(
 
 
 class _Checker(ExpressionChecks, ast.NodeVisitor):
-    def __init__(self, file: str, facts: ModuleFacts) -> None:
-        self.file, self.facts = file, facts
+    def __init__(self, file: str, facts: ModuleFacts, build_only_imports: frozenset[str] = frozenset()) -> None:
+        self.file, self.facts, self.build_only_imports = file, facts, build_only_imports
         self.findings: list[Finding] = []
         self.report = False
         self.ctx = Ctx.MODULE
@@ -80,6 +84,7 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
         self.autograd_ctx: str | None = None  # the ctx argument of an autograd function's forward
         self.fn_node: ast.FunctionDef | ast.AsyncFunctionDef | None = None  # the function being walked
         self.rebound: dict[str, int] = {}
+        self.module_aliases = facts.aliases  # each function's walk adds its own locals to facts.aliases
 
     def run(self, tree: ast.Module) -> None:
         for _ in range(5):  # typing fixpoint over helper parameters
@@ -156,7 +161,10 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
             category = H.FORBIDDEN_IMPORT
             message = f"import {name}: not in the allow-list ({', '.join(sorted(P.ALLOWED_IMPORTS))})"
         unused = top != "model" and not (_bound_names(node) & self.facts.loaded_names)
-        if unused and top not in P.IMPORT_CATEGORIES and top in self.facts.reference_imports:
+        if top in self.build_only_imports:
+            self.flag(node, category, f"{message}; used only for load_inline's build settings (a name, a build "
+                      "directory), which the compile pool sets", blocking=False)  # fmt: skip
+        elif unused and top not in P.IMPORT_CATEGORIES and top in self.facts.reference_imports:
             self.flag(node, category, f"{message}; imported but never used (the task imports it too)", blocking=False)
         elif unused and top in _STDLIB:
             self.flag(node, category, f"{message}; imported but never used", blocking=False)
@@ -231,7 +239,7 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
         self.locals = set(names) | {
             n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
         }
-        self.facts.aliases = self.facts.aliases | _local_extension(node, self.facts.aliases, names)
+        self.facts.aliases = self.facts.aliases | local_extension(node, self.facts.aliases, names, self.self_aliases())
         self.tensors = set(self.tensor_params.get(self.func, set()))
         if node.name == "forward" and self.cls is not None:
             self.tensors |= {a.arg for a in node.args.args[1:] if not is_scalar_annotation(a)}
@@ -284,7 +292,7 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
     # --- statements ----------------------------------------------------------------------------
 
     def visit_Try(self, node: ast.Try) -> None:
-        if not _guards_the_build(node):
+        if not _BuildBindings(self.facts, self.cls, self.facts.aliases, self.module_aliases).guards(node):
             self.flag(
                 node,
                 H.FALLBACK_PATH,
@@ -349,7 +357,7 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
             self._check_module_store(target, node)
             return
         q = qualname(target, self.facts.aliases, {})
-        if q is not None:
+        if q is not None and not self._binds_class_extension(target):
             category = H.GLOBAL_STATE if q.startswith("torch.backends") else H.MONKEY_PATCH
             self.flag(node, category, f"assigns {q}: rebinding library state is not allowed")
             return
@@ -379,6 +387,12 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
                 f"indexed assignment into tensor {ast.unparse(target.value)} runs a torch copy",
                 partial="an indexed tensor copy",
             )
+
+    def _binds_class_extension(self, target: ast.expr) -> bool:
+        """`Cls.ops = ...` of a class attribute that every store binds to the extension or None
+        (`rewards.static.pyfacts`): building it is no patch of library state."""
+        return isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
+            and f"{target.value.id}.{target.attr}" in self.facts.aliases and target.value.id in self.facts.classes
 
     def _module_level(self) -> set[str]:
         """Module-level names whose attributes or items outlive a call (classes included)."""
@@ -436,23 +450,6 @@ class _Checker(ExpressionChecks, ast.NodeVisitor):
 _STDLIB = sys.stdlib_module_names  # importing an unused stdlib module runs nothing of the candidate's
 
 
-def _local_extension(fn: ast.FunctionDef | ast.AsyncFunctionDef, aliases: dict[str, str], params: list[str]) -> dict[str, str]:
-    """Local names every store in `fn` binds to the extension (`ops = _get_ext()`)."""
-    values: dict[str, list[ast.expr | None]] = {}
-    for node in ast.walk(fn):
-        for t in node.targets if isinstance(node, ast.Assign) else ():
-            if isinstance(t, ast.Name):
-                values.setdefault(t.id, []).append(node.value)
-    stores = [n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
-    out = {}
-    for name, bound in values.items():
-        qs = {qualname(v, aliases, {}) for v in bound}
-        q = qs.pop() if len(qs) == 1 else None
-        if q and q.split(".")[0] == "cuda_extension" and stores.count(name) == len(bound) and name not in params:
-            out[name] = q
-    return out
-
-
 def _own_state(target: ast.expr, state: set[str]) -> bool:
     """`self.hidden = ...` where the reference's forward assigns `self.hidden` itself."""
     return (
@@ -467,29 +464,76 @@ def _bound_names(node: ast.Import | ast.ImportFrom) -> set[str]:
     return {a.asname or a.name for a in node.names}
 
 
-def _guards_the_build(node: ast.Try) -> bool:
-    """`try: ext = load_inline(...)` (rewritten to the prebuilt `cuda_extension`) or `try: import
-    cuda_extension`, with at most flags and prints besides: the compile pool builds the extension
-    before anything runs and a failed build is a verdict, so the except branch can never run.
-    Anything else in the try body (a test call of a kernel) could fail and fall back."""
-    if node.orelse or node.finalbody or not all(map(_binds_or_notes, node.body)):
+class _BuildBindings:
+    """The statements that bind the prebuilt extension, as one function (or module level) sees
+    its names: `import cuda_extension`, `ext = load_inline(...)` (rewritten to `ext =
+    (cuda_extension)`), `self.k = ext.f`, `return ext`, and `self.k = self._load()` or `ext =
+    _get()` when the getter itself only builds (`_builds_only`)."""
+
+    def __init__(
+        self, facts: ModuleFacts, cls: ClassFacts | None, aliases: dict[str, str], module_aliases: dict[str, str],
+        depth: int = 0,
+    ) -> None:
+        self.facts, self.cls, self.aliases, self.module_aliases, self.depth = facts, cls, aliases, module_aliases, depth
+
+    def guards(self, node: ast.Try) -> bool:
+        """`try:` around binding the extension, with at most flags and prints besides: the
+        compile pool builds the extension before anything runs and a failed build is a verdict,
+        so the except branch can never run. Anything else in the try body (a test call of a
+        kernel) could fail and fall back."""
+        if node.orelse or node.finalbody or not all(map(self.binds_or_notes, node.body)):
+            return False
+        return any(map(self.binds, node.body))
+
+    def binds(self, stmt: ast.stmt) -> bool:
+        if isinstance(stmt, ast.Import):
+            return all(a.name == "cuda_extension" for a in stmt.names)
+        if isinstance(stmt, ast.ImportFrom):
+            return stmt.module == "cuda_extension"
+        value = stmt.value if isinstance(stmt, (ast.Assign, ast.Return)) else None
+        if value is None:
+            return False
+        self_aliases = self.cls.aliases if self.cls is not None else {}
+        if isinstance(value, ast.Call):
+            getter = self._getter(value, self_aliases)
+            return getter is not None and self._builds_only(getter)
+        q = qualname(value, self.aliases, self_aliases) or ""
+        return root_name(value) == "cuda_extension" or q.split(".")[0] == "cuda_extension"
+
+    def binds_or_notes(self, stmt: ast.stmt) -> bool:
+        """Binds the extension, sets a flag to a constant, passes or prints."""
+        if self.binds(stmt) or isinstance(stmt, ast.Pass):
+            return True
+        if isinstance(stmt, ast.Assign):
+            return isinstance(stmt.value, ast.Constant)
+        call = stmt.value if isinstance(stmt, ast.Expr) else None
+        return isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "print"
+
+    def _getter(self, call: ast.Call, self_aliases: dict[str, str]) -> ast.FunctionDef | None:
+        """The function a call of an extension getter (`_get()`, `self._load()`) runs."""
+        if qualname(call, self.aliases, self_aliases) != "cuda_extension":
+            return None
+        if isinstance(call.func, ast.Name):
+            return self.facts.functions.get(call.func.id)
+        return self.cls.methods.get(call.func.attr) if self.cls is not None else None
+
+    def _builds_only(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+        """Every statement of `fn` binds or returns the extension (or None), notes, or is a try
+        that guards the build: calling it can fail only where the build would."""
+        if self.depth > 3:
+            return False
+        cls = self.cls if self.cls is not None and fn in self.cls.methods.values() else None
+        aliases = self.module_aliases | local_extension(fn, self.module_aliases, None, cls.aliases if cls else None)
+        inner = _BuildBindings(self.facts, cls, aliases, self.module_aliases, self.depth + 1)
+        docstring = fn.body and isinstance(fn.body[0], ast.Expr) and isinstance(fn.body[0].value, ast.Constant)
+        return all(
+            _returns_none(s) or inner.binds_or_notes(s) or (isinstance(s, ast.Try) and inner.guards(s))
+            for s in fn.body[1 if docstring else 0:]
+        )
+
+
+def _returns_none(stmt: ast.stmt) -> bool:
+    """`return` or `return None`."""
+    if not isinstance(stmt, ast.Return):
         return False
-    return any(_binds_extension(stmt) for stmt in node.body)
-
-
-def _binds_extension(stmt: ast.stmt) -> bool:
-    if isinstance(stmt, ast.Import):
-        return all(a.name == "cuda_extension" for a in stmt.names)
-    if isinstance(stmt, ast.ImportFrom):
-        return stmt.module == "cuda_extension"
-    return isinstance(stmt, ast.Assign) and root_name(stmt.value) == "cuda_extension"
-
-
-def _binds_or_notes(stmt: ast.stmt) -> bool:
-    """Binds the extension, sets a flag to a constant, passes or prints."""
-    if _binds_extension(stmt) or isinstance(stmt, ast.Pass):
-        return True
-    if isinstance(stmt, ast.Assign):
-        return isinstance(stmt.value, ast.Constant)
-    call = stmt.value if isinstance(stmt, ast.Expr) else None
-    return isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "print"
+    return stmt.value is None or (isinstance(stmt.value, ast.Constant) and stmt.value.value is None)
