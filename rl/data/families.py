@@ -265,7 +265,7 @@ def _elementwise_cu(spec: Spec) -> str:
     if spec.family == "binary":
         index = "i % cols" if spec.axis == "row" else "i / cols"
         return (f"// y = {spec.ops[0]}(x, b) with b broadcast along the {spec.axis}s of a [rows, cols] float32 matrix.\n"
-                f"{HEADER}__device__ __forceinline__ float apply(float v, float w) {{ return {BINARY[spec.ops[0]].cuda}; }}\n\n"
+                f"{HEADER}// {spec.ops[0]}\n__device__ __forceinline__ float apply(float v, float w) {{ return {BINARY[spec.ops[0]].cuda}; }}\n\n"
                 "__global__ void binary_kernel(const float* __restrict__ x, const float* __restrict__ b,\n"
                 "                              float* __restrict__ y, long long n, long long cols) {\n"
                 "    const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;\n"
@@ -274,7 +274,9 @@ def _elementwise_cu(spec: Spec) -> str:
                 "extern \"C\" void binary_launcher(const float* x, const float* b, float* y, long long n, long long cols,\n"
                 "                                cudaStream_t stream) {\n    if (n <= 0) return;\n"
                 "    binary_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, b, y, n, cols);\n}\n")
-    steps = "".join(f"    v = {UNARY[n].cuda};  // {n}\n" for n in spec.ops)
+    # The op's name comes before its expression: a model writing this file recalls the expression
+    # right after the name it copied from the task, not before it.
+    steps = "".join(f"    // {n}\n    v = {UNARY[n].cuda};\n" for n in spec.ops)
     return (f"// y = {' then '.join(spec.ops)} of x, elementwise over a flat float32 buffer.\n"
             f"{HEADER}__device__ __forceinline__ float apply(float v) {{\n{steps}    return v;\n}}\n\n"
             "__global__ void unary_kernel(const float* __restrict__ x, float* __restrict__ y, long long n) {\n"
