@@ -30,6 +30,7 @@ import msgspec
 
 from agentcore.orchestrator import OrchestratorConfig
 from agentcore.rollout import RolloutConfig
+from rewards.env import EnvConfig
 from rl.config import (
     CheckpointConfig,
     DataConfig,
@@ -71,7 +72,10 @@ def smoke() -> TrainConfig:
         # new tokens a turn: 2.5 min).
         rollout=RolloutConfig(max_turns=4, max_new_tokens=2048, max_context_tokens=8192,
                               tool_timeout_s=600.0, seed=0),
-        orchestrator=OrchestratorConfig(workers=32, model_slots=32, compile_slots=8, gpu_slots=1),
+        # Four verification lanes share the GPU (each job ~1 s of mostly host work); a timing job
+        # still has the GPU alone. One lane left 15 of 16 teachers waiting for verification.
+        orchestrator=OrchestratorConfig(workers=32, model_slots=32, compile_slots=8, gpu_slots=4),
+        kernel_env=msgspec.structs.replace(EnvConfig(), lanes_per_gpu=4),
         engine=EngineSection(embedded=EmbeddedEngineConfig(max_batch_size=32)),
         checkpoint=CheckpointConfig(every_steps=1000, keep=2, export_hf=True),
         env="real",
