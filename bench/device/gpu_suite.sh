@@ -3,7 +3,7 @@
 #   run(command="GROUPS_RUN=noverify bash bench/device/gpu_suite.sh", kind="nvidia-h100-x1", carry=[".device", ".bwrap", ".kb"])
 # All five do not finish in one 600 s call; GROUPS_RUN=noverify (441 s on an H100) leaves out the verify suite
 # (~6 min alone). Tests that need two GPUs (FSDP ranks, the 2-rank trainer) skip on one: run them on nvidia-h200-x2.
-# GROUPS_RUN=verify runs the two verify groups and env; GROUPS_RUN=rest runs queue and learner
+# GROUPS_RUN=verify runs the two verify groups and env; rest: queue and learner; env: env alone
 # (CUDA_VISIBLE_DEVICES=1 leaves GPU 0 to other work).
 # LIMIT: seconds per group (540); one log per group in $OUT. A test still running after DUMP_S (240) seconds
 # gets its threads' stacks dumped into the log (pytest's faulthandler_timeout), then goes on.
@@ -16,16 +16,20 @@ group() {  # name, pytest args...
     > $OUT/$name.log 2>&1
   echo "$name rc $? at $((SECONDS-T0)) s: $(tail -1 $OUT/$name.log)"
 }
-RUN=${GROUPS_RUN:-all}
-if [ $RUN = all ] || [ $RUN = verify ]; then
+case ${GROUPS_RUN:-all} in  # which groups: verify (x2), env, queue+learner
+  verify) V=1 E=1 R=0 ;; rest) V=0 E=0 R=1 ;; env) V=0 E=1 R=0 ;; noverify) V=0 E=1 R=1 ;; *) V=1 E=1 R=1 ;;
+esac
+if [ $V = 1 ]; then
   group verify_honest tests/test_verify_gpu.py -k "not cheat" &
   group verify_cheat tests/test_verify_gpu.py -k cheat &
 fi
-[ $RUN = rest ] || group env tests/test_env_gpu.py tests/test_env.py tests/test_inline.py &
-[ $RUN = verify ] || group queue tests/test_gpu_queue.py tests/test_compile_pool.py tests/test_timing_gpu.py tests/test_paired_timing.py \
-  tests/test_bench_gpu_queue_real.py tests/test_bench_gpu.py tests/test_bench_recheck.py &
-[ $RUN = verify ] || group learner tests/test_embedded_engine.py tests/test_models.py tests/test_head_actions.py tests/test_update.py \
-  tests/test_checkpoint.py tests/test_data_filters.py tests/test_weight_sync.py tests/test_train_sglang_tensor.py \
-  tests/test_fsdp.py tests/test_train_ranks.py tests/test_bench_watch.py &
+[ $E = 1 ] && group env tests/test_env_gpu.py tests/test_env.py tests/test_inline.py &
+if [ $R = 1 ]; then
+  group queue tests/test_gpu_queue.py tests/test_compile_pool.py tests/test_timing_gpu.py tests/test_paired_timing.py \
+    tests/test_bench_gpu_queue_real.py tests/test_bench_gpu.py tests/test_bench_recheck.py &
+  group learner tests/test_embedded_engine.py tests/test_models.py tests/test_head_actions.py tests/test_update.py \
+    tests/test_checkpoint.py tests/test_data_filters.py tests/test_weight_sync.py tests/test_train_sglang_tensor.py \
+    tests/test_fsdp.py tests/test_train_ranks.py tests/test_bench_watch.py &
+fi
 wait
 grep -hE "^(FAILED|ERROR)" $OUT/*.log | cut -c1-300 | head -30
