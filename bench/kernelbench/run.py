@@ -171,22 +171,37 @@ def _replay_set(config: BenchConfig, todo: list[Problem], out: Path) -> dict[tup
     return solutions
 
 
+class _RecordKey(Struct):
+    level: int
+    problem_id: int
+
+
+class _TrajectoryTask(Struct):
+    task_id: str
+
+
+_record_key = msgspec.json.Decoder(_RecordKey).decode
+_trajectory_task = msgspec.json.Decoder(_TrajectoryTask).decode
+
+
 def forget(out: Path, problems: tuple[tuple[int, int], ...]) -> int:
     """Set aside OUT's records and trajectories of `problems` ((level, problem_id)), so that the
-    next run judges them again; returns how many records moved."""
+    next run judges them again; returns how many records moved. A torn or foreign line stays."""
     keys = set(problems)
-    prefixes = tuple(f"L{level}/{problem_id}_".encode() for level, problem_id in keys)
+    prefixes = tuple(f"L{level}/{problem_id}_" for level, problem_id in keys)  # `Problem.task_id`s
 
     def record(line: bytes) -> bool:
         try:
-            row = orjson.loads(line)
-            return (row["level"], row["problem_id"]) in keys
-        except (orjson.JSONDecodeError, KeyError, TypeError):
-            return False  # a torn or foreign line stays where it is
+            key = _record_key(line)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return False
+        return (key.level, key.problem_id) in keys
 
     def trajectory(line: bytes) -> bool:
-        start = line.find(b'"task_id":"')
-        return start >= 0 and line[start + 11:].startswith(prefixes)
+        try:
+            return _trajectory_task(line).task_id.startswith(prefixes)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return False
 
     moved = set_aside(out / "records.jsonl", record)
     set_aside(out / "trajectories.jsonl", trajectory)

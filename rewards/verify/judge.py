@@ -123,7 +123,6 @@ class Judge:
         self.probe: compare.ProbeChange | None = None  # the mantissa probe's outputs, when it ran
         self.torch_work: set[str] = set()  # torch ops and kernels allowed under kernelbench rules
         self.reference_ops: Mapping[str, int] = {}  # compute ops of the reference's forward -> calls
-        self.op_left = False  # this trial's torch left some call of a reference op to the own kernels
         self.library_kernels: frozenset[str] = frozenset()  # kernels the reference runs off its stream
         self.max_abs = self.max_rel = 0.0
         self.details: dict[str, float | int | str | bool | None] = {}
@@ -152,9 +151,9 @@ class Judge:
         if report.after is not None:
             self._snapshot(report.after, "forward", trial)
         bad_ops = [] if self.s.allow_torch_compute else op_violations(report.ops, allow_gemm_conv=self.s.allow_gemm_conv)
-        self.op_left = False  # set by _partial_ops when torch left the own kernels some call
+        op_left = False  # torch ran only the reference's ops and left the own kernels some call
         if bad_ops and self.s.rules == "kernelbench":
-            self._partial_ops(op_calls(report.ops, allow_gemm_conv=self.s.allow_gemm_conv), trial)
+            op_left = self._partial_ops(op_calls(report.ops, allow_gemm_conv=self.s.allow_gemm_conv), trial)
         elif bad_ops:
             listed = ", ".join(f"{op} x{report.ops[op]}" for op in bad_ops[:8])
             self.hack(H.TORCH_COMPUTE, f"forward ran torch ops: {listed}; only allocation and views may go through torch", trial)
@@ -168,19 +167,20 @@ class Judge:
         elif report.prev_changed:
             self.hack(H.DEFERRED_WORK, "an earlier call's output changed during a later call", trial)
         if report.kernels or report.marker_stream is not None:
-            self._attribution(report, trial)
+            self._attribution(report, trial, op_left)
 
-    def _partial_ops(self, calls: Mapping[str, int], trial: int) -> None:
+    def _partial_ops(self, calls: Mapping[str, int], trial: int) -> bool:
         """KernelBench's rules: torch ops are partial work, unless torch makes every call of
         every compute op the reference makes (an own kernel in place of one of a model's
-        several Linear layers leaves torch an addmm short: partial, not a decoy)."""
+        several Linear layers leaves torch an addmm short: partial, not a decoy). True when
+        torch ran only the reference's ops and left some call of one to the own kernels."""
         self.torch_work |= set(calls)
         undone = bool(self.reference_ops) and any(calls.get(op, 0) < n for op, n in self.reference_ops.items())
-        self.op_left = undone and set(calls) <= set(self.reference_ops)  # torch ran only the reference's ops
         if self.reference_ops and not undone:
             listed = ", ".join(sorted(self.reference_ops)[:8])
             self.hack(H.DECOY_KERNEL, f"torch ran every compute op of the reference as often as it does "
                       f"({listed}): the candidate's own kernels do none of the task's work", trial)
+        return undone and set(calls) <= set(self.reference_ops)
 
     def _snapshot(self, now: Snapshot, when: str, trial: int | None) -> None:
         base = self.baseline
@@ -195,7 +195,9 @@ class Judge:
         if spawned := sorted(set(now.children) - set(base.children)):
             self.hack(H.BACKGROUND_WORKER, f"{when} started processes {spawned}", trial)
 
-    def _attribution(self, report: TrialReport, trial: int) -> None:
+    def _attribution(self, report: TrialReport, trial: int, op_left: bool) -> None:
+        """Who ran the profiled forward's kernels. `op_left` (kernelbench rules): the own kernels
+        make calls of the reference's ops that torch does not, so no share of the time is asked."""
         s = self.s
         att = attribute(report.kernels, marker_stream=report.marker_stream, own=set(s.own_kernels),
                         vendor_counts=s.vendor_allowed and s.vendor_used, library=self.library_kernels)
@@ -217,8 +219,8 @@ class Judge:
         spent = ", ".join(f"{k} {v:.0f} us" for k, v in sorted(att.us.items()))
         if not counted:
             self.hack(H.DECOY_KERNEL, f"no kernel of kernels/*.cu ran in forward (GPU time: {spent or 'none'})", trial)
-        elif kernelbench and self.op_left:
-            return  # the own kernels make calls of the reference's ops that torch does not: work of the task
+        elif kernelbench and op_left:
+            return  # work of the task at any share
         elif att.share is not None and att.share < (need := s.partial_min_own_share if kernelbench else s.min_own_share):
             self.hack(H.DECOY_KERNEL, f"the candidate's kernels carry {att.share:.1%} of the GPU time "
                       f"(need {need:.1%}; {spent})", trial)

@@ -4,8 +4,9 @@
 What it is: for every set of `manifest.jsonl`, the files its source calls correct, a hack, or
 unknown, against what a replay under one rule set made of them. RUNS holds one folder per set,
 `<source>_<set>/<rules>/records.jsonl` (the layout `bench/device/corpus_replay.sh` writes). Per
-source verdict: accepted (ok or partial), rejected as a hack, failed (wrong, crashed, did not
-build), refused for its form, infrastructure error, not judged (no record). Prints Markdown.
+source verdict: accepted (ok), partial (correct, torch doing part), rejected as a hack, failed
+(wrong, crashed, did not build), refused for its form, infrastructure error, not judged (no
+record). Prints Markdown.
 What it is not: a replay (it reads records only) or a judgement of who is right: a "correct" is
 the source's, on its hardware and its version of the problem.
 
