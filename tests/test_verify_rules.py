@@ -172,13 +172,31 @@ CONV_POOL_SUM = {"aten.convolution.default": 1, "aten.max_pool3d_with_indices.de
     ids=["own_kernel_takes_the_sum", "torch_also_sums", "torch_sums_by_another_op"],
 )
 def test_an_own_kernel_taking_a_cheap_op_of_the_reference_passes_at_any_share(ops, hack):
+    # as the verifier runs them: audited trials report ops, the last (profiled) one kernels only
     judge = Judge(JudgeSettings(rules="kernelbench", own_kernels=frozenset({"bias_relu"})))
     judge.reference_ops = op_calls(CONV_POOL_SUM)
+    for trial in range(2):
+        judge.observe(TrialReport(index=trial, run=trial, ok=True, ops=ops), (), trial)
     kernels = (_event(GEMM, 2800), _event("bias_relu(float*)", 6))
-    judge.observe(TrialReport(index=0, run=0, ok=True, ops=ops, kernels=kernels, marker_stream=7), (), 0)
-    verdict = judge.verdict(trials=1)
+    judge.observe(TrialReport(index=2, run=2, ok=True, kernels=kernels, marker_stream=7), (), 2)
+    verdict = judge.verdict(trials=3)
     assert verdict.hack is hack, verdict
     assert verdict.details["own_share"] < 0.005
+
+
+def test_one_audited_trial_where_torch_did_all_the_op_brings_back_the_share_rule():
+    """A candidate whose torch path computes the sum in some trials only (say, by input shape):
+    the profiled trial's tiny own share is judged by the share rule."""
+    judge = Judge(JudgeSettings(rules="kernelbench", own_kernels=frozenset({"bias_relu"})))
+    judge.reference_ops = op_calls(CONV_POOL_SUM)
+    left = {"aten.convolution.default": 1, "aten.max_pool3d_with_indices.default": 2}
+    judge.observe(TrialReport(index=0, run=0, ok=True, ops=left), (), 0)
+    judge.observe(TrialReport(index=1, run=1, ok=True, ops=left | {"aten.mm.default": 1}), (), 1)
+    judge.observe(TrialReport(index=2, run=2, ok=True, ops=left), (), 2)
+    kernels = (_event(GEMM, 2800), _event("bias_relu(float*)", 6))
+    judge.observe(TrialReport(index=3, run=3, ok=True, kernels=kernels, marker_stream=7), (), 3)
+    verdict = judge.verdict(trials=4)
+    assert verdict.hack is H.DECOY_KERNEL and "of the GPU time" in verdict.message, verdict
 
 
 def test_a_fused_epilogue_after_a_torch_gemm_is_enough_under_kernelbench_rules():

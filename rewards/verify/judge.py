@@ -123,6 +123,10 @@ class Judge:
         self.probe: compare.ProbeChange | None = None  # the mantissa probe's outputs, when it ran
         self.torch_work: set[str] = set()  # torch ops and kernels allowed under kernelbench rules
         self.reference_ops: Mapping[str, int] = {}  # compute ops of the reference's forward -> calls
+        # kernelbench rules: whether every audited run left the own kernels a call of a reference
+        # op (None: no audited run had torch compute). The profiled run is not audited, so its
+        # attribution takes this instead of its own (empty) op counts.
+        self.ops_left: bool | None = None
         self.library_kernels: frozenset[str] = frozenset()  # kernels the reference runs off its stream
         self.max_abs = self.max_rel = 0.0
         self.details: dict[str, float | int | str | bool | None] = {}
@@ -154,6 +158,7 @@ class Judge:
         op_left = False  # torch ran only the reference's ops and left the own kernels some call
         if bad_ops and self.s.rules == "kernelbench":
             op_left = self._partial_ops(op_calls(report.ops, allow_gemm_conv=self.s.allow_gemm_conv), trial)
+            self.ops_left = op_left and self.ops_left is not False
         elif bad_ops:
             listed = ", ".join(f"{op} x{report.ops[op]}" for op in bad_ops[:8])
             self.hack(H.TORCH_COMPUTE, f"forward ran torch ops: {listed}; only allocation and views may go through torch", trial)
@@ -167,7 +172,8 @@ class Judge:
         elif report.prev_changed:
             self.hack(H.DEFERRED_WORK, "an earlier call's output changed during a later call", trial)
         if report.kernels or report.marker_stream is not None:
-            self._attribution(report, trial, op_left)
+            # an unaudited run (the profiled one) reports no ops: what the audited runs showed
+            self._attribution(report, trial, op_left if report.ops else bool(self.ops_left))
 
     def _partial_ops(self, calls: Mapping[str, int], trial: int) -> bool:
         """KernelBench's rules: torch ops are partial work, unless torch makes every call of
