@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 
 from rewards.inline.fold import dotted
+from rewards.static.pyscope import parent_map
 
 _CARRIERS = (ast.JoinedStr, ast.FormattedValue, ast.BinOp, ast.List, ast.Tuple)
 
@@ -36,7 +37,7 @@ class _Flow:
         self.calls = {id(c) for c in calls}
         self.build_dirs = {k.value.value for c in calls for k in c.keywords
                            if k.arg == "build_directory" and isinstance(k.value, ast.Constant)}  # fmt: skip
-        self.parents = {id(c): p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+        self.parents = parent_map(tree)
         self.loads: dict[str, list[ast.Name]] = {}
         self.bound: set[str] = set()
         for n in ast.walk(tree):

@@ -29,6 +29,7 @@ from rewards.static.pyscope import (
     init_only,
     loaded_names,
     module_constants,
+    parent_map,
 )
 
 _ALLOC = frozenset(
@@ -164,9 +165,42 @@ def _extension_aliases(tree: ast.Module, aliases: dict[str, str]) -> dict[str, s
             todo += stmt.body + getattr(stmt, "orelse", []) + getattr(stmt, "finalbody", [])
             todo += [s for h in getattr(stmt, "handlers", []) for s in h.body]
         elif isinstance(stmt, ast.Assign):
-            q = qualname(stmt.value, aliases, {})
-            if q is not None and q.split(".")[0] == "cuda_extension":
+            q = _extension_of(stmt.value, aliases)
+            if q is not None:
                 out |= {t.id: q for t in stmt.targets if isinstance(t, ast.Name)}
+    return out
+
+
+def _extension_of(
+    value: ast.expr | None, aliases: dict[str, str], self_aliases: dict[str, str] | None = None, none_ok: bool = False
+) -> str | None:
+    """What one store (or `return`) binds, as the binders below weigh it: the qualname of the
+    extension or of its submodule when `value` evaluates to it given the names and getters
+    `aliases` and `self_aliases` know to hold it, "None" for the constant None where `none_ok`,
+    else None (also when `value` is None: a store that is not a plain assignment)."""
+    if value is None:
+        return None
+    if none_ok and _is_none(value):
+        return "None"
+    q = qualname(value, aliases, self_aliases or {})
+    return q if q is not None and q.split(".")[0] == "cuda_extension" else None
+
+
+def _one_extension(bound: set[str | None]) -> str | None:
+    """The extension a name holds when what its stores bind (`_extension_of` of each) is one
+    qualname of the extension and otherwise only "None"; else None."""
+    ext = bound - {"None"}
+    return ext.pop() if len(ext) == 1 else None
+
+
+def _name_stores(node: ast.AST) -> dict[str, list[ast.expr | None]]:
+    """Each name stored to under `node` -> the value each of its stores binds (None for a store
+    that is not a plain assignment: unpacking, augmented, a loop target)."""
+    parents = parent_map(node)
+    out: dict[str, list[ast.expr | None]] = {}
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            out.setdefault(n.id, []).append(_assigned_value(n, parents))
     return out
 
 
@@ -174,35 +208,29 @@ def _extension_globals(tree: ast.Module, aliases: dict[str, str]) -> set[str]:
     """Names a function declares `global` and that every store anywhere binds to None or to the
     extension: the build-once singleton (`if _ext is None: _ext = load_inline(...)`)."""
     declared = {name for n in ast.walk(tree) if isinstance(n, ast.Global) for name in n.names}
-    values: dict[int, ast.expr] = {
-        id(t): n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets
-    }
-    out = set()
-    for name in declared:
-        stores = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)]
-        if stores and all(id(n) in values and _none_or_extension(values[id(n)], aliases) for n in stores):
-            out.add(name)
-    return out
+    stores = _name_stores(tree)
+    return {
+        name for name in declared
+        if stores.get(name) and None not in {_extension_of(v, aliases, none_ok=True) for v in stores[name]}
+    }  # fmt: skip
 
 
-def _none_or_extension(value: ast.expr, aliases: dict[str, str]) -> bool:
-    return _is_none(value) or _is_extension(value, aliases)
-
-
-def _is_extension(value: ast.expr, aliases: dict[str, str]) -> bool:
-    return (qualname(value, aliases, {}) or "").split(".")[0] == "cuda_extension"
+def _returns_extension(fn: ast.AST, aliases: dict[str, str], none_ok: bool = False) -> bool:
+    """Every `return` in `fn` gives the extension (or, where `none_ok`, None, a bare `return`
+    too) and one gives the extension."""
+    returns = [n.value for n in ast.walk(fn) if isinstance(n, ast.Return)]
+    bound = {"None" if r is None and none_ok else _extension_of(r, aliases, none_ok=none_ok) for r in returns}
+    return None not in bound and bool(bound - {"None"})
 
 
 def _extension_getters(tree: ast.Module, aliases: dict[str, str]) -> set[str]:
     """Module-level functions whose every `return` gives the extension (`return _ext` of the
     build-once singleton): `getter().f(x)` calls the extension."""
-    out = set()
-    for fn in tree.body:
-        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and not fn.args.args and not fn.args.posonlyargs:
-            returns = [n.value for n in ast.walk(fn) if isinstance(n, ast.Return)]
-            if returns and all(r is not None and _is_extension(r, aliases) for r in returns):
-                out.add(fn.name)
-    return out
+    return {
+        fn.name for fn in tree.body
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and not fn.args.args and not fn.args.posonlyargs
+        and _returns_extension(fn, aliases)
+    }  # fmt: skip
 
 
 def _extension_methods(info: ClassFacts, aliases: dict[str, str]) -> set[str]:
@@ -210,15 +238,10 @@ def _extension_methods(info: ClassFacts, aliases: dict[str, str]) -> set[str]:
     (`def _load(self): return load_inline(...)`, rewritten to `return (cuda_extension)`; also
     through a local bound to it): `self._load()` is the extension, unless an attribute of that
     name is assigned anywhere (`self._load = ...` would shadow the method)."""
-    out = set()
-    for name, fn in info.methods.items():
-        scope = aliases | local_extension(fn, aliases)
-        returns = [n.value for n in ast.walk(fn) if isinstance(n, ast.Return)]
-        if any(r is not None and _is_extension(r, scope) for r in returns) and all(
-            r is None or _none_or_extension(r, scope) for r in returns
-        ):
-            out.add(name)
-    return out
+    return {
+        name for name, fn in info.methods.items()
+        if _returns_extension(fn, aliases | local_extension(fn, aliases), none_ok=True)
+    }  # fmt: skip
 
 
 def _class_extension_attrs(tree: ast.Module, classes: dict[str, ClassFacts], aliases: dict[str, str]) -> dict[str, str]:
@@ -226,21 +249,15 @@ def _class_extension_attrs(tree: ast.Module, classes: dict[str, ClassFacts], ali
     extension or None and one to the extension: `ops = load_inline(...)` in the class body,
     `Cls.ops = load_inline(...)` anywhere, `self.ops = ...` in the class's methods. Any other
     store (unpacking, augmented, another value) disqualifies the attribute."""
+    scopes: dict[int, dict[str, str]] = {}  # id(function) -> aliases with its extension locals
     bound: dict[str, set[str | None]] = {}
     for attr, value, fn, owner in _attribute_stores(tree, classes):
-        if value is None or _is_none(value):
-            q = None if value is None else "None"
-        else:
-            scope = aliases | local_extension(fn, aliases) if fn is not None else aliases
-            q = qualname(value, scope, classes[owner].aliases)
+        if fn is not None and id(fn) not in scopes:
+            scopes[id(fn)] = aliases | local_extension(fn, aliases)
+        scope = scopes[id(fn)] if fn is not None else aliases
+        q = _extension_of(value, scope, classes[owner].aliases, none_ok=True)
         bound.setdefault(f"{owner}.{attr}", set()).add(q)
-    out = {}
-    for key, qs in bound.items():
-        ext = qs - {"None"}
-        q = ext.pop() if len(ext) == 1 else None
-        if q is not None and q.split(".")[0] == "cuda_extension":
-            out[key] = q
-    return out
+    return {key: q for key, qs in bound.items() if (q := _one_extension(qs)) is not None}
 
 
 def _attribute_stores(tree: ast.Module, classes: dict[str, ClassFacts]):
@@ -269,7 +286,7 @@ def _attribute_stores(tree: ast.Module, classes: dict[str, ClassFacts]):
         for child in ast.iter_child_nodes(node):
             yield from walk(child, fn, cls)
 
-    parents = {id(c): p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+    parents = parent_map(tree)
     yield from walk(tree, None, None)
 
 
@@ -286,18 +303,10 @@ def local_extension(
     load_inline(...)` rewritten to `ext = (cuda_extension)`), other than its parameters."""
     if params is None and isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
         params = [a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs]
-    values: dict[str, list[ast.expr]] = {}
-    for node in ast.walk(fn):
-        for t in node.targets if isinstance(node, ast.Assign) else ():
-            if isinstance(t, ast.Name):
-                values.setdefault(t.id, []).append(node.value)
-    stores = [n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
     out = {}
-    for name, bound in values.items():
-        qs = {qualname(v, aliases, self_aliases or {}) for v in bound}
-        q = qs.pop() if len(qs) == 1 else None
-        once = stores.count(name) == len(bound) and name not in (params or ())
-        if q and q.split(".")[0] == "cuda_extension" and once:
+    for name, values in _name_stores(fn).items():
+        q = _one_extension({_extension_of(v, aliases, self_aliases) for v in values})
+        if q is not None and name not in (params or ()):
             out[name] = q
     return out
 

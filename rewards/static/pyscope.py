@@ -6,8 +6,9 @@ functions reached from a class's `__init__` (called, or passed to a call such as
 (`self.forward = self._fast`) runs per call. `dead_task_copies` finds copies of get_inputs /
 get_init_inputs that nothing refers to, `loaded_names` the module-level names live code reads
 (`global_reads` those one function reads),
-`constant_value` / `module_constants` fold constant expressions without running anything. Used
-by `rewards.static.pyfacts` (the facts of one file) and `rewards.static.python` (the walk).
+`constant_value` / `module_constants` fold constant expressions without running anything, and
+`parent_map` maps each node of a tree to its parent. Used by `rewards.static.pyfacts` (the facts
+of one file), `rewards.static.python` (the walk) and `rewards.inline.settings` (`parent_map`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ class Scope:
 
     functions: Mapping[str, ast.FunctionDef]
     methods: Mapping[str, Mapping[str, ast.FunctionDef]]
+
+
+def parent_map(tree: ast.AST) -> dict[int, ast.AST]:
+    """`id(node)` -> the node's parent, for every node under `tree` (not `tree` itself)."""
+    return {id(c): p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
 
 
 def _references(fn: ast.AST, cls: str | None, scope: Scope) -> tuple[set[str], set[str]]:
