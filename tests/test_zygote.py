@@ -237,6 +237,19 @@ def test_the_zygote_starts_without_cuda_threads_or_files(tmp_path):
     assert [p for p in tmp.rglob("*") if not p.is_dir()] == []
 
 
+def test_the_warm_up_hashes_tritons_own_key(monkeypatch):
+    """Where codecache has no triton_key wrapper, Inductor's system key calls Triton's own
+    (lru-cached) one in the first compile: the warm-up computes it so that children inherit it."""
+    from rewards.queue import compile_warmup
+    from torch._inductor.runtime import triton_compat
+
+    calls = []
+    monkeypatch.setattr(triton_compat, "HAS_TRITON", True)
+    monkeypatch.setattr(triton_compat, "triton_key", lambda: calls.append(1) or "key")
+    compile_warmup.warm_up()
+    assert calls
+
+
 def test_a_failed_or_threaded_warm_up_is_a_message_not_a_dead_zygote(monkeypatch):
     from rewards.queue import compile_warmup
 
@@ -246,9 +259,10 @@ def test_a_failed_or_threaded_warm_up_is_a_message_not_a_dead_zygote(monkeypatch
     monkeypatch.setattr(compile_warmup, "warm_up", boom)
     assert zygote_server._warm_up()[1] == "RuntimeError: no compiler here"
     release = threading.Event()
-    monkeypatch.setattr(compile_warmup, "warm_up", lambda: threading.Thread(target=release.wait).start())
+    monkeypatch.setattr(compile_warmup, "warm_up",
+                        lambda: threading.Thread(target=release.wait, name="prefetch_0").start())
     try:
-        assert zygote_server._warm_up()[1] == "the warm-up left 1 thread(s) running"
+        assert zygote_server._warm_up()[1] == "the warm-up left 1 thread(s) running (prefetch_0)"
     finally:
         release.set()
 

@@ -59,10 +59,13 @@ def warm_up() -> None:
 
     init_backend_registration()  # what the first compile registers, for every device type
     codecache.torch_key()
-    for owner in (codecache, _triton_utils()):  # torch 2.13 keeps it in codecache, 2.11 does not
+    for owner in (codecache, _module("torch.utils._triton")):  # torch 2.13 keeps it in codecache, 2.11 does not
         if hasattr(owner, "triton_key"):
             owner.triton_key()  # None without Triton
             break
+    compat = _module("torch._inductor.runtime.triton_compat")
+    if getattr(compat, "HAS_TRITON", False):
+        compat.triton_key()  # Triton's own (lru-cached), which Inductor's system key hashes where torch has no wrapper
     for name in FIRST_CALL_MODULES:  # private modules: another torch may have moved them
         try:
             importlib.import_module(name)
@@ -70,9 +73,9 @@ def warm_up() -> None:
             pass
 
 
-def _triton_utils():
-    """torch.utils._triton, the other module a torch version may keep `triton_key` in; None if absent."""
+def _module(name: str):
+    """The module `name`, or None where this torch has no such module."""
     try:
-        return importlib.import_module("torch.utils._triton")
+        return importlib.import_module(name)
     except ModuleNotFoundError:
         return None

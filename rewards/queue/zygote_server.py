@@ -37,6 +37,7 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 
 import msgspec
 from msgspec import Struct
@@ -236,6 +237,20 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+def _thread_names(tids: set[str]) -> list[str]:
+    """Names of this process's threads `tids`: a Python thread's name, else the kernel's (`comm`)."""
+    import threading
+
+    python = {str(t.native_id): t.name for t in threading.enumerate()}
+    names = []
+    for tid in sorted(tids):
+        try:
+            names.append(python.get(tid) or Path(f"/proc/self/task/{tid}/comm").read_text().strip())
+        except OSError:  # ended meanwhile
+            pass
+    return names
+
+
 def _cuda_touched() -> bool:
     """Whether this process initialised CUDA: torch's context, or the driver alone (a bare
     cudaGetDeviceCount, which `torch.cuda.is_available()` makes and `is_initialized()` does not
@@ -279,7 +294,7 @@ def _release_nvml(nvml, most: int = 1000) -> int:
 def _warm_up() -> tuple[float, str]:
     """rewards.queue.compile_warmup.warm_up, timed. Its failure is a message, never the end of the
     zygote: the children then import and hash on their first compile, as without it."""
-    threads, start = _threads(), time.perf_counter()
+    before, start = set(os.listdir("/proc/self/task")), time.perf_counter()
     try:
         from rewards.queue.compile_warmup import warm_up
 
@@ -287,8 +302,9 @@ def _warm_up() -> tuple[float, str]:
     except Exception as exc:  # noqa: BLE001 - an optimisation that failed; the zygote serves on
         error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
     else:
-        extra = _threads() - threads  # a fork copies only the forking thread: none may be left running
-        error = f"the warm-up left {extra} thread(s) running" if extra else ""
+        extra = set(os.listdir("/proc/self/task")) - before  # a fork copies only the forking thread
+        names = ", ".join(_thread_names(extra))
+        error = f"the warm-up left {len(extra)} thread(s) running ({names})" if extra else ""
     return (time.perf_counter() - start) * 1e3, error
 
 
