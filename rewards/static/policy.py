@@ -125,7 +125,17 @@ IMPORT_CATEGORIES: dict[str, tuple[H, str]] = {
 # ---------------------------------------------------------------------------------------------
 # model_new.py: torch names. Prefix rules are tried in order; the first match decides.
 
+HARNESS_STATE = "asks whether the harness audits or profiles this call: code that can tell verification from timing"
+"""Why reading the harness's observation state is a hack under both rule sets: the checks run under
+the dispatch audit or the profiler, the timing under neither, so code that reads them can pass the
+checks on one path and be timed on another."""
+
 TORCH_PREFIX_RULES: tuple[tuple[str, H, str], ...] = (
+    *((name, H.OBFUSCATION, HARNESS_STATE) for name in (
+        "torch.profiler", "torch.autograd.profiler", "torch.autograd._profiler_enabled", "torch._C._autograd",
+        "torch._C._get_dispatch", "torch._C._len_torch", "torch._C._dispatch_tls", "torch._C._is_torch_function",
+        "torch._C._get_function_stack", "torch._C._DisableTorchDispatch", "torch._C._DisableTorchFunction",
+    )),
     (
         "torch.backends",
         H.GLOBAL_STATE,
@@ -445,7 +455,19 @@ CPP_TORCH_CATEGORIES: tuple[tuple[str, H, str], ...] = tuple(
         ("cuda::setCurrentCUDAStream", H.SIDE_STREAM, "switches the stream the harness times"),
         ("cuda::CUDAStreamGuard", H.SIDE_STREAM, "switches the stream the harness times"),
         ("globalContext", H.GLOBAL_STATE, "process-wide flags (TF32, cudnn.benchmark)"),
+        ("impl::tls_", H.OBFUSCATION, HARNESS_STATE),
+        ("impl::dispatch_mode", H.OBFUSCATION, HARNESS_STATE),
+        ("impl::TorchDispatchModeTLS", H.OBFUSCATION, HARNESS_STATE),
+        ("impl::PythonDispatcherTLS", H.OBFUSCATION, HARNESS_STATE),
+        ("impl::PythonTorchFunctionTLS", H.OBFUSCATION, HARNESS_STATE),
+        ("DispatchKey", H.OBFUSCATION, HARNESS_STATE),  # DispatchKey::Python, DispatchKeySet
+        ("impl::ExcludeDispatchKeyGuard", H.OBFUSCATION, "runs ops the dispatch audit does not see"),
+        ("impl::IncludeDispatchKeyGuard", H.OBFUSCATION, "runs ops the dispatch audit does not see"),
+        ("AutoDispatchBelow", H.OBFUSCATION, "runs ops the dispatch audit does not see"),
     )
+) + (
+    ("torch::profiler", H.OBFUSCATION, HARNESS_STATE),
+    ("torch::autograd::profiler", H.OBFUSCATION, HARNESS_STATE),
 )
 CPP_TENSOR_METHODS: frozenset[str] = frozenset(
     "data_ptr const_data_ptr mutable_data_ptr size sizes numel stride strides dim ndimension "
