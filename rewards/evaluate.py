@@ -37,7 +37,7 @@ from rewards.env import Prepared, RewardsKernelEnv, pristine_files
 from rewards.inline.prepare import is_inline_solution, prepare_inline, with_notes
 from rewards.reward import RewardConfig, score, score_paired
 from rewards.timing.profile import Profile
-from rewards.verdict import Score, Verdict, VerdictStatus, reward_info
+from rewards.verdict import HackCategory, Score, Verdict, VerdictStatus, reward_info
 
 KERNEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.cu|_binding\.cpp)$")
 MAX_FILE_BYTES = 1 << 20
@@ -143,7 +143,10 @@ class FinalEvaluator:
     def _scored(self, verdict: Verdict, timed: Profile) -> Score:
         if timed.reference_candidate:  # the timing-only harness mode of benchmarks: never a reward
             raise ValueError("a profile of the timing-only harness mode reached the final evaluation")
-        if not timed.ok or timed.candidate is None:
+        if timed.diverged:  # what was timed is not what was verified
+            verdict = msgspec.structs.replace(verdict, status=VerdictStatus.HACK, hack=HackCategory.OUTPUT_CACHING,
+                                              message=timed.message)
+        elif not timed.ok or timed.candidate is None:
             verdict = msgspec.structs.replace(verdict, status=VerdictStatus.RUNTIME_ERROR, message=timed.message)
         if self.config.paired:
             return score_paired(verdict, timed.paired, self.config.reward)

@@ -53,7 +53,7 @@ from rewards.timing.profile import (
     to_profile_result,
 )
 from rewards.timing.sampling import METHOD_EVENT, Run, Sample, TimingConfig, WarmUp, summarize, warm_up
-from rewards.verdict import Timing, Verdict, VerdictStatus, reward_info, score_decoder
+from rewards.verdict import HackCategory, Timing, Verdict, VerdictStatus, reward_info, score_decoder
 from rewards.verify.wire import Load
 
 OK = Verdict(status=VerdictStatus.OK, trials=12)
@@ -361,6 +361,75 @@ def test_the_final_evaluation_refuses_the_timing_only_harness_mode():
     evaluator = FinalEvaluator(env=None)
     with pytest.raises(ValueError, match="harness"):
         evaluator._scored(OK, Profile(ok=True, candidate=t, eager=t, compiled=t, reference_candidate=True))
+
+
+# --- what the candidate computes after its timed calls -------------------------------------------
+
+COUNTING = """
+import torch
+class ModelNew(torch.nn.Module):
+    calls = [0]  # a counter the verifier's dozen calls never push past the limit
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(4))
+    def forward(self, x):
+        ModelNew.calls[0] += 1
+        if ModelNew.calls[0] > {limit}:
+            return torch.empty_like(x).zero_()
+        return torch.relu(x) * self.scale
+"""
+
+
+def _subjects(candidate_source: str):
+    import torch
+
+    from rewards.timing import baselines
+    from rewards.timing.paired_timer import PairedCall
+    from rewards.timing.profile_child import after_timing_check
+
+    model, make_inputs = baselines.load_task(TASK, device="cpu")
+    namespace: dict = {}
+    exec(candidate_source, namespace)
+    candidate = namespace["ModelNew"]()
+    return candidate, PairedCall("eager", "ieee", model), make_inputs, after_timing_check, torch
+
+
+def test_an_honest_candidate_still_computes_the_task_after_its_timed_calls():
+    candidate, eager, make_inputs, check, torch = _subjects(CANDIDATE)
+    for i in range(50):
+        candidate(*make_inputs(i))
+    with torch.no_grad():
+        assert check(candidate, eager, make_inputs) == ""
+
+
+def test_a_candidate_that_counts_its_calls_is_caught_after_its_timed_calls():
+    candidate, eager, make_inputs, check, torch = _subjects(COUNTING.format(limit=20))
+    with torch.no_grad():
+        assert check(candidate, eager, make_inputs) == ""  # the verifier's first calls: the task
+        for i in range(50):  # the timed calls
+            candidate(*make_inputs(i))
+        why = check(candidate, eager, make_inputs)
+    assert why.startswith("after the timed calls, output 0 on a fresh input set:") and "outside" in why
+
+
+def test_diverged_timed_calls_are_output_caching_and_minus_one():
+    evaluator = FinalEvaluator(env=None)
+    diverged = Profile(ok=False, message="the candidate's timed calls diverged: x", diverged="x")
+    score = evaluator._scored(OK, diverged)
+    assert score.reward == -1 and score.verdict.hack is HackCategory.OUTPUT_CACHING
+    assert "diverged" in score.verdict.message
+
+
+@pytest.mark.gpu
+def test_the_paired_child_checks_the_candidate_after_timing_it(tmp_path):
+    from rewards.timing.profile import run_profile
+
+    request = ProfileRequest(task_source=TASK, paired=True, config=msgspec.structs.replace(
+        ProfileRequest(task_source=TASK).config, child_launcher="spawn"))
+    ws = workspace(tmp_path)
+    (ws / "candidate" / "model_new.py").write_text(COUNTING.format(limit=20))
+    outcome = run_profile(request, work_dir=ws)
+    assert not outcome.ok and outcome.diverged, outcome.message
 
 
 # --- measure_paired with the GPU faked ------------------------------------------------------------

@@ -123,6 +123,9 @@ class Profile(Struct, frozen=True, kw_only=True):
     """Inductor artifacts recorded by this job (empty when none were recorded or the request had them)."""
     reference_candidate: bool = False
     """The timing-only harness mode timed the task's own Model as the candidate: never score it."""
+    diverged: str = ""
+    """Paired timing: after the timed calls the candidate's forward no longer matched the reference
+    (what it computed while timed is not what was verified): why. Scored as output_caching."""
 
 
 class ProfileInfrastructureError(RuntimeError):
@@ -162,6 +165,7 @@ class Timed(Struct, frozen=True, kw_only=True):
     phases_ms: dict[str, float] = {}  # the child's own account: start-up, build, warm-up, sampling
     paired: PairedTiming | None = None
     harness_error: bool = False  # the reference or its compile failed, before any candidate code ran
+    diverged: str = ""  # after its timed calls forward no longer computes the task: why (paired timing)
 
 
 time_request_decoder = msgspec.msgpack.Decoder(TimeCandidate | TimePaired)
@@ -340,6 +344,9 @@ def _run_paired(request: ProfileRequest, work_dir: Path) -> Profile:
     if timed.harness_error:
         raise ProfileInfrastructureError(f"the reference could not be built or compiled:\n{timed.error}")
     common = dict(compile_cache=recorded, reference_candidate=request.candidate == "reference")
+    if timed.diverged:
+        return Profile(ok=False, message=f"the candidate's timed calls diverged: {timed.diverged}",
+                       diverged=timed.diverged, phases_ms=phases.as_dict(), **common)
     if not timed.ok or timed.paired is None:
         return Profile(ok=False, message=f"the candidate could not be timed:\n{timed.error}",
                        phases_ms=phases.as_dict(), **common)

@@ -135,7 +135,50 @@ def time_paired(msg: TimePaired) -> Timed:
     # measure = input pool + each subject's warm-up (after its first call) + graph captures + rounds
     phases.add("measure.warmup", sum(s.measurement.warmup_s for s in paired.subjects) * 1e3)
     phases.add("measure.rounds", paired.seconds * 1e3)
+    try:
+        with phases.phase("after_check"), torch.no_grad():
+            diverged = after_timing_check(candidate, calls[0], make_inputs)
+    except BaseException as exc:  # noqa: BLE001 - a candidate that fails after its timed calls
+        diverged = f"forward failed after the timed calls: {describe_exception(exc).splitlines()[-1]}"
+    if diverged:
+        return Timed(ok=False, error=diverged, diverged=diverged, phases_ms=phases.as_dict())
     return Timed(ok=True, measurement=paired.fastest("candidate"), paired=paired, phases_ms=phases.as_dict())
+
+
+AFTER_CHECK_INPUTS = (1_000_003, 1_000_004)  # input sets no timed call drew (the pool's are 0..n-1)
+AFTER_CHECK_SCALE = 10.0  # times the verifier's tolerance: this looks for other work, not precision
+
+
+def after_timing_check(candidate, eager: PairedCall, make_inputs) -> str:
+    """What the candidate computes after its timed calls, on two fresh input sets, against the
+    reference (`eager`, in its math mode): '' when it still does the task's work, else why not.
+    The verifier saw the candidate's first calls only; one that counts its calls (a static
+    counter in its binding, a `__device__` global) could compute something cheaper once timed."""
+    from rewards.verdict import VerdictStatus
+    from rewards.verify.compare import check_output, tolerance_for
+
+    for index in AFTER_CHECK_INPUTS:
+        inputs = make_inputs(index)
+        outs = _as_list(candidate(*inputs))
+        with eager.context():
+            refs = _as_list(eager.fn(*inputs))
+        if len(outs) != len(refs):
+            return f"forward returned {len(outs)} outputs after the timed calls, the reference {len(refs)}"
+        for k, (out, ref) in enumerate(zip(outs, refs)):
+            if not isinstance(ref, torch.Tensor):
+                continue
+            if not isinstance(out, torch.Tensor):
+                return f"output {k} is a {type(out).__name__} after the timed calls"
+            tol = tolerance_for(ref.dtype)
+            scale = {} if tol is None else {"atol": tol.atol * AFTER_CHECK_SCALE, "rtol": tol.rtol * AFTER_CHECK_SCALE}
+            check = check_output(out, ref, **scale)
+            if check.status is not VerdictStatus.OK:
+                return f"after the timed calls, output {k} on a fresh input set: {check.message}"
+    return ""
+
+
+def _as_list(out) -> list:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
 def main(argv: list[str] | None = None) -> int:
