@@ -73,6 +73,22 @@ async def test_final_evaluator_gives_a_dynamic_cheat_minus_one(tmp_path):
     assert not result.verdict.ok
 
 
+TIMED = REPO / "tests" / "fixtures" / "cheats_timed"
+
+
+@pytest.mark.parametrize("cheat", ["binding_call_counter", "device_call_counter"])
+async def test_a_candidate_that_computes_less_once_timed_gets_minus_one(tmp_path, cheat):
+    """It passes verification (its first calls do the task); the paired timing's check after the
+    rounds finds its outputs wrong."""
+    ws, task = make_workspace(TIMED / cheat, tmp_path), task_of(TIMED / cheat)
+    async with open_kernel_env(env_config(tmp_path)) as env:
+        assert (await env.compile(ws, task)).ok
+        assert (await env.verify(ws, task)).ok
+        result = await FinalEvaluator(env).evaluate(ws, task)
+    assert result.reward == -1 and result.verdict.hack is not None, result.verdict
+    assert result.verdict.hack.value == "output_caching" and "diverged" in result.verdict.message
+
+
 async def test_large_task_verifies_through_the_queue(tmp_path):
     """Once judged PROBLEM_SHRINKING: the sandbox's 4 GiB RLIMIT_FSIZE broke the 6.4 GB output
     blob; CUDA outputs now travel by IPC (rewards.verify.wire.CudaShare)."""

@@ -95,6 +95,16 @@ def test_dynamic_cheat_is_left_to_the_gpu_audit(workspace):
     assert blocking_categories(workspace) == set()
 
 
+TIMED_CHEATS = sorted(p for p in (FIXTURES / "cheats_timed").iterdir() if (p / "cheat.json").exists())
+
+
+@pytest.mark.parametrize("workspace", TIMED_CHEATS, ids=ids(TIMED_CHEATS))
+def test_cheats_only_the_timing_sees_pass_the_static_checks(workspace):
+    # Call counters in the binding or on the GPU: the check after the paired timing catches them
+    # (tests/test_env_gpu.py); a static rule that starts catching one shows up here.
+    assert meta(workspace)["static"] is False and blocking_categories(workspace) == set()
+
+
 @pytest.mark.parametrize("workspace", HONEST, ids=ids(HONEST))
 def test_honest_workspace_has_no_blocking_findings(workspace):
     assert [str(f) for f in findings_of(workspace) if f.blocking] == []
