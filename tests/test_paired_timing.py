@@ -412,6 +412,28 @@ def test_a_candidate_that_counts_its_calls_is_caught_after_its_timed_calls():
     assert why.startswith("after the timed calls, output 0 on a fresh input set:") and "outside" in why
 
 
+DROPOUT_TASK = """
+import torch
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.dropout(x, p=0.2, training=True)
+def get_inputs():
+    return [torch.rand(256, 64)]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_task_that_draws_random_numbers_in_forward_gets_the_same_draws_in_both_calls():
+    from rewards.timing import baselines
+    from rewards.timing.paired_timer import PairedCall
+    from rewards.timing.profile_child import after_timing_check
+
+    reference, make_inputs = baselines.load_task(DROPOUT_TASK, device="cpu")
+    candidate, _ = baselines.load_task(DROPOUT_TASK, device="cpu")
+    assert after_timing_check(candidate, PairedCall("eager", "ieee", reference), make_inputs) == ""
+
+
 def test_diverged_timed_calls_are_output_caching_and_minus_one():
     evaluator = FinalEvaluator(env=None)
     diverged = Profile(ok=False, message="the candidate's timed calls diverged: x", diverged="x")

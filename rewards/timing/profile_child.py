@@ -158,10 +158,11 @@ def after_timing_check(candidate, eager: PairedCall, make_inputs) -> str:
     from rewards.verify.compare import check_output, tolerance_for
 
     for index in AFTER_CHECK_INPUTS:
-        inputs = make_inputs(index)
-        outs = _as_list(candidate(*inputs))
+        # each draw reseeds: both calls get the same inputs and the same RNG state after them
+        # (a task's dropout draws the same mask), and neither sees what the other wrote
+        outs = _as_list(candidate(*make_inputs(index)))
         with eager.context():
-            refs = _as_list(eager.fn(*inputs))
+            refs = _as_list(eager.fn(*make_inputs(index)))
         if len(outs) != len(refs):
             return f"forward returned {len(outs)} outputs after the timed calls, the reference {len(refs)}"
         for k, (out, ref) in enumerate(zip(outs, refs)):
