@@ -496,7 +496,12 @@ def test_measure_paired_times_every_subject_in_rounds_and_reports_why_no_graph(m
              paired_timer.PairedCall("eager", "ieee", lambda x: 1.3 * (1 + rng.gauss(0, 0.002))),
              paired_timer.PairedCall("compile", "ieee", lambda x: 1.1 * (1 + rng.gauss(0, 0.002)))]
     config = TimingConfig(warmup_s=0.01, graph="never")
-    timing = paired_timer.measure_paired(calls, lambda i: (i,), config, PairedConfig())
+    released = []  # the subjects' input pool and buffers go once the rounds are summarised
+    monkeypatch.setattr(paired_timer.SubjectTimer, "release", lambda self: released.append(1))
+    seen_at_check = []
+    timing = paired_timer.measure_paired(calls, lambda i: (i,), config, PairedConfig(),
+                                         after_rounds=lambda: seen_at_check.append(len(released)))
+    assert seen_at_check == [0]  # the check ran once, before anything of the rounds was released
     assert timing.stop == "converged" and len(timing.rounds) == PairedConfig().min_rounds
     assert timing.vs_eager.estimate == pytest.approx(1.3, rel=0.01)
     assert timing.vs_compile.ci_low <= timing.vs_compile.estimate <= timing.vs_compile.ci_high

@@ -99,13 +99,15 @@ def measure_paired(
     make_inputs: Callable[[int], Sequence[Any]],
     config: TimingConfig,
     paired: PairedConfig,
+    after_rounds: Callable[[], None] | None = None,
 ) -> PairedTiming:
     """Time a candidate and its baselines together (`rewards.timing.paired`): one input pool and one
     flush buffer for all, each subject warmed up in turn (the first for TimingConfig's warm-up,
     which brings the SM clock up for all, the rest briefly: `subject_warmup_s`), one method for all
     (`_paired_method`), rotated rounds until `paired`'s stopping rule, then the informational
-    CUDA-graph time of launch-bound subjects. Call under torch.no_grad(); a subject that raises
-    propagates."""
+    CUDA-graph time of launch-bound subjects. `after_rounds` runs right after the last round, while
+    the input pool and the flush buffer still exist as they did during the rounds. Call under
+    torch.no_grad(); a subject that raises propagates."""
     import cupy
 
     gpu = Gpu(config)
@@ -121,6 +123,8 @@ def measure_paired(
                     for c, t in zip(calls, timers)]
         run = run_rounds(subjects, paired)
         after = gpu.clocks()
+        if after_rounds is not None:
+            after_rounds()
         measurements = []
         for i, timer in enumerate(timers):
             own = Run(run.device_ms[i], run.host_ms[i], run.stop, run.seconds[i], run.launch_ms[i])

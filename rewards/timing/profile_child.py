@@ -127,22 +127,29 @@ def time_paired(msg: TimePaired) -> Timed:
     try:
         with phases.phase("build"):  # extension, model_new.py, ModelNew, state
             candidate = candidate_model(msg)
+        diverged: list[str] = []
         with phases.phase("measure"), torch.no_grad():
             paired = measure_paired([PairedCall("candidate", "", candidate), *calls], make_inputs, msg.config,
-                                    msg.paired)
+                                    msg.paired, after_rounds=lambda: diverged.append(
+                                        checked_after_timing(candidate, calls[0], make_inputs, phases)))
     except BaseException as exc:  # noqa: BLE001 - a candidate that fails here is a result
         return Timed(ok=False, error=describe_exception(exc), phases_ms=phases.as_dict())
+    if diverged[0]:
+        return Timed(ok=False, error=diverged[0], diverged=diverged[0], phases_ms=phases.as_dict())
     # measure = input pool + each subject's warm-up (after its first call) + graph captures + rounds
     phases.add("measure.warmup", sum(s.measurement.warmup_s for s in paired.subjects) * 1e3)
     phases.add("measure.rounds", paired.seconds * 1e3)
-    try:
-        with phases.phase("after_check"), torch.no_grad():
-            diverged = after_timing_check(candidate, calls[0], make_inputs)
-    except BaseException as exc:  # noqa: BLE001 - a candidate that fails after its timed calls
-        diverged = f"forward failed after the timed calls: {describe_exception(exc).splitlines()[-1]}"
-    if diverged:
-        return Timed(ok=False, error=diverged, diverged=diverged, phases_ms=phases.as_dict())
     return Timed(ok=True, measurement=paired.fastest("candidate"), paired=paired, phases_ms=phases.as_dict())
+
+
+def checked_after_timing(candidate, eager: PairedCall, make_inputs, phases: Phases) -> str:
+    """`after_timing_check` right after the rounds (the pool and flush buffer still allocated, as
+    while timed); a candidate that raises there diverged too."""
+    try:
+        with phases.phase("measure.after_check"):
+            return after_timing_check(candidate, eager, make_inputs)
+    except Exception as exc:  # noqa: BLE001 - the candidate's failure after its timed calls
+        return f"forward failed after the timed calls: {describe_exception(exc).splitlines()[-1]}"
 
 
 AFTER_CHECK_INPUTS = (1_000_003, 1_000_004)  # input sets no timed call drew (the pool's are 0..n-1)
