@@ -122,6 +122,13 @@ IMPORT_CATEGORIES: dict[str, tuple[H, str]] = {
     "timeit": (H.MONKEY_PATCH, "timers belong to the harness"),
 }
 
+STDLIB_THROUGH_TORCH: dict[str, tuple[H, str]] = {
+    name: rule for name, rule in IMPORT_CATEGORIES.items() if name not in ("model", "types", "signal")
+}
+"""Modules torch imports and so exposes as attributes (`torch.sys`, `torch.os`, a submodule's
+`ctypes`): a torch name with one of these as a component reaches what importing it would, and is
+judged as that import. `torch.types` and `torch.signal` are torch's own modules."""
+
 # ---------------------------------------------------------------------------------------------
 # model_new.py: torch names. Prefix rules are tried in order; the first match decides.
 

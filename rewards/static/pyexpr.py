@@ -100,6 +100,11 @@ class ExpressionChecks(TensorTyping):
     def _check_torch(self, node: ast.AST, q: str) -> None:
         if q in P.TORCH_QUERIES:
             return
+        for part in q.split(".")[1:]:
+            if part in P.STDLIB_THROUGH_TORCH:
+                category, why = P.STDLIB_THROUGH_TORCH[part]
+                self.flag(node, category, f"{q}: the {part} module through torch's import of it: {why}")
+                return
         for prefix, category, why in P.TORCH_PREFIX_RULES:
             if q.startswith(prefix):
                 self.flag(node, category, f"{q}: {why}")
