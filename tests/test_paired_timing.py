@@ -434,6 +434,27 @@ def test_a_task_that_draws_random_numbers_in_forward_gets_the_same_draws_in_both
     assert after_timing_check(candidate, PairedCall("eager", "ieee", reference), make_inputs) == ""
 
 
+def test_a_check_that_runs_out_of_memory_gives_no_verdict_and_a_failing_forward_diverges():
+    import torch
+
+    from rewards.timing.profile_child import checked_after_timing
+    from rewards.verify.phases import Phases
+
+    _, eager, make_inputs, _, _ = _subjects(CANDIDATE)
+
+    def out_of_memory(x):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    def broken(x):
+        raise RuntimeError("illegal memory access")
+
+    phases = Phases()
+    assert checked_after_timing(out_of_memory, eager, make_inputs, phases) == ""
+    assert phases.as_dict()["measure.after_check_out_of_memory"] == 1.0
+    why = checked_after_timing(broken, eager, make_inputs, Phases())
+    assert why.startswith("forward failed after the timed calls") and "illegal memory access" in why
+
+
 def test_diverged_timed_calls_are_output_caching_and_minus_one():
     evaluator = FinalEvaluator(env=None)
     diverged = Profile(ok=False, message="the candidate's timed calls diverged: x", diverged="x")

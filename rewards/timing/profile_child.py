@@ -148,6 +148,11 @@ def checked_after_timing(candidate, eager: PairedCall, make_inputs, phases: Phas
     try:
         with phases.phase("measure.after_check"):
             return after_timing_check(candidate, eager, make_inputs)
+    except torch.cuda.OutOfMemoryError:
+        # the check's own input sets on top of the timing's pool (GiB-sized tasks): no verdict
+        # either way; its timed calls could not tell a check from another timed call
+        phases.add("measure.after_check_out_of_memory", 1.0)
+        return ""
     except Exception as exc:  # noqa: BLE001 - the candidate's failure after its timed calls
         return f"forward failed after the timed calls: {describe_exception(exc).splitlines()[-1]}"
 
@@ -167,7 +172,7 @@ def after_timing_check(candidate, eager: PairedCall, make_inputs) -> str:
     for index in AFTER_CHECK_INPUTS:
         # each draw reseeds: both calls get the same inputs and the same RNG state after them
         # (a task's dropout draws the same mask), and neither sees what the other wrote
-        outs = _as_list(candidate(*make_inputs(index)))
+        outs = _as_list(candidate(*make_inputs(index)))  # the inputs go once the call returns
         with eager.context():
             refs = _as_list(eager.fn(*make_inputs(index)))
         if len(outs) != len(refs):
