@@ -211,6 +211,26 @@ def test_two_medians_measured_apart_carry_the_drift():
     assert sum(abs(r / 1.10 - 1) > 0.05 for r in ratios) >= 5  # the milestone would be a coin flip
 
 
+def test_the_check_between_rounds_runs_where_asked_and_costs_the_time_cap_nothing():
+    now = [0.0]
+    seen = []
+
+    def sample(ms):
+        def take(i):
+            now[0] += ms / 1e3
+            return Sample(device_ms=ms, host_ms=ms, launch_ms=0.0)
+        return take
+
+    def between(n):
+        seen.append(n)
+        now[0] += 100.0  # a slow check: were it counted, the time cap would stop the rounds at once
+
+    subjects = [RoundSubject("candidate", sample(1.0), 1), RoundSubject("eager", sample(1.3), 1),
+                RoundSubject("compile", sample(1.1), 1)]
+    run = run_rounds(subjects, PairedConfig(min_rounds=10, time_cap_s=1.0), clock=lambda: now[0], between=between)
+    assert seen == list(range(1, len(run.rounds) + 1)) and run.elapsed_s < 1.0
+
+
 def test_rounds_record_every_sample_and_stop_with_a_reason():
     run = paired_run(3)
     assert run.stop in ("converged", "max_rounds", "max_time")
@@ -521,8 +541,9 @@ def test_measure_paired_times_every_subject_in_rounds_and_reports_why_no_graph(m
     monkeypatch.setattr(paired_timer.SubjectTimer, "release", lambda self: released.append(1))
     seen_at_check = []
     timing = paired_timer.measure_paired(calls, lambda i: (i,), config, PairedConfig(),
-                                         after_rounds=lambda: seen_at_check.append(len(released)))
-    assert seen_at_check == [0]  # the check ran once, before anything of the rounds was released
+                                         check=lambda: seen_at_check.append(len(released)))
+    # between two rounds drawn at random and after the last, before anything of the rounds was released
+    assert seen_at_check == [0] * (PairedConfig().checks_between_rounds + 1)
     assert timing.stop == "converged" and len(timing.rounds) == PairedConfig().min_rounds
     assert timing.vs_eager.estimate == pytest.approx(1.3, rel=0.01)
     assert timing.vs_compile.ci_low <= timing.vs_compile.estimate <= timing.vs_compile.ci_high

@@ -72,6 +72,10 @@ class PairedConfig(Struct, frozen=True, kw_only=True):
     """Warm-up of each subject after the first (`subject_warmup_s`): the first brings the SM clock
     up with TimingConfig's warm-up, the others' warm-ups follow it at once, so each needs only its
     first calls out of the way and an estimate of its call time (its round's share, about)."""
+    checks_between_rounds: int = 2
+    """Rounds, drawn at random among the first `min_rounds`, after which the candidate's output is
+    checked (`measure_paired`'s `check`; once more after the last round): a candidate that
+    computes less only in some window of its timed calls must hide it from every check."""
 
     def __post_init__(self) -> None:
         if not 0.5 < self.confidence < 1.0:
@@ -81,6 +85,8 @@ class PairedConfig(Struct, frozen=True, kw_only=True):
             raise ValueError(f"min_rounds {self.min_rounds} < {need}: a {self.confidence:.0%} interval needs {need}")
         if self.max_rounds < self.min_rounds:
             raise ValueError(f"max_rounds {self.max_rounds} < min_rounds {self.min_rounds}")
+        if not 0 <= self.checks_between_rounds <= self.min_rounds:
+            raise ValueError(f"checks_between_rounds must lie in [0, min_rounds], got {self.checks_between_rounds}")
 
 
 class RoundTimes(Struct, frozen=True, kw_only=True):
@@ -270,9 +276,10 @@ def round_times(roles: Sequence[Role], medians: Sequence[float]) -> RoundTimes:
 
 
 def run_rounds(subjects: Sequence[RoundSubject], config: PairedConfig, *,
-               clock: Clock = time.perf_counter) -> RoundsRun:
+               clock: Clock = time.perf_counter, between: Callable[[int], None] | None = None) -> RoundsRun:
     """Rounds in rotated order until `stop_reason` says so. Each subject's samples continue its
-    own input rotation (sample index = its samples so far)."""
+    own input rotation (sample index = its samples so far). `between(n)` runs after the n-th
+    round (from 1); its time counts neither in the rounds' wall time nor against the time cap."""
     roles = [s.role for s in subjects]
     if sorted(set(roles)) != ["candidate", "compile", "eager"] or roles.count("candidate") != 1:
         raise ValueError(f"need one candidate and at least one eager and one compile subject, got {roles}")
@@ -295,6 +302,10 @@ def run_rounds(subjects: Sequence[RoundSubject], config: PairedConfig, *,
             launch[i] += [x.launch_ms for x in taken]
             medians[i] = stats.median([x.device_ms for x in taken])
         rounds.append(round_times(roles, medians))
+        if between is not None:
+            t0 = clock()
+            between(len(rounds))
+            start += clock() - t0
         elapsed = clock() - start
         if (reason := stop_reason(rounds, elapsed, config)) is not None:
             return RoundsRun(rounds, device, host, launch, seconds, reason, elapsed)

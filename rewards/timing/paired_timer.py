@@ -16,6 +16,7 @@ Example (in the profile child, under torch.no_grad()):
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -99,15 +100,16 @@ def measure_paired(
     make_inputs: Callable[[int], Sequence[Any]],
     config: TimingConfig,
     paired: PairedConfig,
-    after_rounds: Callable[[], None] | None = None,
+    check: Callable[[], None] | None = None,
 ) -> PairedTiming:
     """Time a candidate and its baselines together (`rewards.timing.paired`): one input pool and one
     flush buffer for all, each subject warmed up in turn (the first for TimingConfig's warm-up,
     which brings the SM clock up for all, the rest briefly: `subject_warmup_s`), one method for all
     (`_paired_method`), rotated rounds until `paired`'s stopping rule, then the informational
-    CUDA-graph time of launch-bound subjects. `after_rounds` runs right after the last round, while
-    the input pool and the flush buffer still exist as they did during the rounds. Call under
-    torch.no_grad(); a subject that raises propagates."""
+    CUDA-graph time of launch-bound subjects. `check` runs after `paired.checks_between_rounds`
+    rounds drawn at random (untimed) and once right after the last round, while the input pool
+    and the flush buffer exist as they do for the timed calls. Call under torch.no_grad(); a
+    subject that raises propagates."""
     import cupy
 
     gpu = Gpu(config)
@@ -121,10 +123,14 @@ def measure_paired(
         method = _paired_method(calls, timers, config)
         subjects = [RoundSubject(c.role, t.sample, samples_per_round(paired, t.warm.estimate_ms * t.calls), c.context)
                     for c, t in zip(calls, timers)]
-        run = run_rounds(subjects, paired)
+        between = None
+        if check is not None:
+            chosen = set(random.SystemRandom().sample(range(1, paired.min_rounds + 1), paired.checks_between_rounds))
+            between = lambda n: check() if n in chosen else None  # noqa: E731
+        run = run_rounds(subjects, paired, between=between)
         after = gpu.clocks()
-        if after_rounds is not None:
-            after_rounds()
+        if check is not None:
+            check()
         measurements = []
         for i, timer in enumerate(timers):
             own = Run(run.device_ms[i], run.host_ms[i], run.stop, run.seconds[i], run.launch_ms[i])

@@ -127,15 +127,15 @@ def time_paired(msg: TimePaired) -> Timed:
     try:
         with phases.phase("build"):  # extension, model_new.py, ModelNew, state
             candidate = candidate_model(msg)
-        diverged: list[str] = []
+        checks: list[str] = []
         with phases.phase("measure"), torch.no_grad():
             paired = measure_paired([PairedCall("candidate", "", candidate), *calls], make_inputs, msg.config,
-                                    msg.paired, after_rounds=lambda: diverged.append(
+                                    msg.paired, check=lambda: checks.append(
                                         checked_after_timing(candidate, calls[0], make_inputs, phases)))
     except BaseException as exc:  # noqa: BLE001 - a candidate that fails here is a result
         return Timed(ok=False, error=describe_exception(exc), phases_ms=phases.as_dict())
-    if diverged[0]:
-        return Timed(ok=False, error=diverged[0], diverged=diverged[0], phases_ms=phases.as_dict())
+    if diverged := next((why for why in checks if why), ""):
+        return Timed(ok=False, error=diverged, diverged=diverged, phases_ms=phases.as_dict())
     # measure = input pool + each subject's warm-up (after its first call) + graph captures + rounds
     phases.add("measure.warmup", sum(s.measurement.warmup_s for s in paired.subjects) * 1e3)
     phases.add("measure.rounds", paired.seconds * 1e3)
@@ -143,8 +143,8 @@ def time_paired(msg: TimePaired) -> Timed:
 
 
 def checked_after_timing(candidate, eager: PairedCall, make_inputs, phases: Phases) -> str:
-    """`after_timing_check` right after the rounds (the pool and flush buffer still allocated, as
-    while timed); a candidate that raises there diverged too."""
+    """`after_timing_check` between or right after the rounds (the pool and flush buffer allocated,
+    as for the timed calls); a candidate that raises there diverged too."""
     try:
         with phases.phase("measure.after_check"):
             return after_timing_check(candidate, eager, make_inputs)
@@ -162,9 +162,9 @@ AFTER_CHECK_SCALE = 10.0  # times the verifier's tolerance: this looks for other
 
 
 def after_timing_check(candidate, eager: PairedCall, make_inputs) -> str:
-    """What the candidate computes after its timed calls, on two fresh input sets, against the
-    reference (`eager`, in its math mode): '' when it still does the task's work, else why not.
-    The verifier saw the candidate's first calls only; one that counts its calls (a static
+    """What the candidate computes after (some of) its timed calls, on two fresh input sets,
+    against the reference (`eager`, in its math mode): '' when it still does the task's work, else
+    why not. The verifier saw the candidate's first calls only; one that counts its calls (a static
     counter in its binding, a `__device__` global) could compute something cheaper once timed."""
     from rewards.verdict import VerdictStatus
     from rewards.verify.compare import check_output, tolerance_for
