@@ -95,15 +95,18 @@ class _Flow:
             names = kept
         reach: set[str] = set()
         while True:  # of those, the names a read of which reaches a build argument
-            more = {n for n in names - reach for load in self.loads.get(n, ())
-                    if (s := self.sink(load)) == "build" or (isinstance(s, tuple) and set(s) <= reach)}
+            more = {n for n in names - reach for load in self.loads.get(n, ()) if self.feeds(load, reach)}
             if not more:
                 return reach
             reach |= more
 
+    def feeds(self, node: ast.AST, names: set[str]) -> bool:
+        """The value of `node` goes into the build, or only into assignments to `names`."""
+        sink = self.sink(node)
+        return sink == "build" or (isinstance(sink, tuple) and set(sink) <= names)
+
     def _read_ok(self, load: ast.Name, names: set[str]) -> bool:
-        sink = self.sink(load)
-        if sink == "build" or (isinstance(sink, tuple) and set(sink) <= names):
+        if self.feeds(load, names):
             return True
         call = self.parents.get(id(load))
         return isinstance(call, ast.Call) and dotted(call.func, self.aliases) == "os.makedirs" \
@@ -132,16 +135,11 @@ def build_only_imports(
         if full == "os.makedirs" and call is not None:
             ok = flow.makes_build_dir(call, build)
         elif full == "os.getpid" and call is not None and not call.args and not call.keywords:
-            ok = _feeds_build(flow, call, build)
+            ok = flow.feeds(call, build)
         elif full.startswith("os.path."):
-            ok = _feeds_build(flow, call or expr, build)
+            ok = flow.feeds(call or expr, build)
         else:
             ok = False
         if not ok:
             return ()
     return ("os",)
-
-
-def _feeds_build(flow: _Flow, node: ast.AST, build: set[str]) -> bool:
-    sink = flow.sink(node)
-    return sink == "build" or (isinstance(sink, tuple) and set(sink) <= build)

@@ -233,8 +233,12 @@ def _reseed() -> None:
         numpy.random.seed()
 
 
+def _thread_ids() -> set[str]:
+    return set(os.listdir("/proc/self/task"))
+
+
 def _threads() -> int:
-    return len(os.listdir("/proc/self/task"))
+    return len(_thread_ids())
 
 
 def _thread_names(tids: set[str]) -> list[str]:
@@ -294,7 +298,7 @@ def _release_nvml(nvml, most: int = 1000) -> int:
 def _warm_up() -> tuple[float, str]:
     """rewards.queue.compile_warmup.warm_up, timed. Its failure is a message, never the end of the
     zygote: the children then import and hash on their first compile, as without it."""
-    before, start = set(os.listdir("/proc/self/task")), time.perf_counter()
+    before, start = _thread_ids(), time.perf_counter()
     try:
         from rewards.queue.compile_warmup import warm_up
 
@@ -302,7 +306,7 @@ def _warm_up() -> tuple[float, str]:
     except Exception as exc:  # noqa: BLE001 - an optimisation that failed; the zygote serves on
         error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
     else:
-        extra = set(os.listdir("/proc/self/task")) - before  # a fork copies only the forking thread
+        extra = _thread_ids() - before  # a fork copies only the forking thread
         names = ", ".join(_thread_names(extra))
         error = f"the warm-up left {len(extra)} thread(s) running ({names})" if extra else ""
     return (time.perf_counter() - start) * 1e3, error

@@ -43,7 +43,7 @@ from rewards.timing.baselines import measure_model
 from rewards.timing.paired_timer import PairedCall, measure_paired
 from rewards.timing.profile import TimeCandidate, Timed, TimePaired, time_request_decoder
 from rewards.verify import probes
-from rewards.verify.candidate import _die_with_parent, build_model, describe_exception
+from rewards.verify.candidate import _as_list, _die_with_parent, build_model, describe_exception
 from rewards.verify.inputs import load_task
 from rewards.verify.precision import policy, precision_flags
 from rewards.verify.wire import ChildGone, Load, Pipe, lock_file_size, read_tensor
@@ -188,10 +188,6 @@ def after_timing_check(candidate, eager: PairedCall, make_inputs) -> str:
             if check.status is not VerdictStatus.OK:
                 return f"after the timed calls, output {k} on a fresh input set: {check.message}"
     return ""
-
-
-def _as_list(out) -> list:
-    return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
 def main(argv: list[str] | None = None) -> int:
