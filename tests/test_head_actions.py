@@ -298,4 +298,7 @@ def test_cuda_compiled_head_on_actions_equals_full_head_values_and_gradients():
 
 
 if __name__ == "__main__":  # the torchrun worker of the FSDP2 test
+    from rl.learner.fsdp import end_rank_process
+
     _sharded_sft_worker(Path(sys.argv[1]))
+    end_rank_process(0)

@@ -368,7 +368,10 @@ if __name__ == "__main__":
     import sys
     from pathlib import Path
 
+    from rl.learner.fsdp import end_rank_process
+
     _worker(Path(sys.argv[1]))
+    end_rank_process(0)
 
 
 @pytest.mark.gpu

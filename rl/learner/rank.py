@@ -56,7 +56,13 @@ from rl.engine.embedded import EmbeddedEngine, resolve_dtype
 from rl.engine.http import HttpServer, HttpServerConfig
 from rl.engine.server import EngineServer, EngineServerConfig
 from rl.learner.actor_critic import Learner
-from rl.learner.fsdp import Dist, close_distributed, full_state_items, init_distributed
+from rl.learner.fsdp import (
+    Dist,
+    close_distributed,
+    end_rank_process,
+    full_state_items,
+    init_distributed,
+)
 from rl.learner.models import hf_model
 from rl.learner.protocol import (
     INFO,
@@ -321,4 +327,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    end_rank_process(main())  # past a clean finish, a gloo rank's teardown can only abort
