@@ -14,7 +14,8 @@
 (`rewards.timing.paired`: the three subjects timed together in rotated rounds of one process):
 a baseline is beaten when the whole confidence interval of the median per-round speedup lies
 above 1 / (1 - margin); an interval that straddles it is not granted, and the Score says
-`inconclusive`.
+`inconclusive`. Baselines the candidate starved of device memory (`rewards.timing.headroom`)
+decide nothing: milestone 1, and no speedup above 1 is paid.
 
 What it is not: no I/O, no clocks, no torch. The verifier decides the Verdict and the profiler
 measures the Timings; this module only maps them to a number. rewards/README.md has the rules.
@@ -196,10 +197,12 @@ def score_paired(verdict: Verdict, paired: PairedTiming | None, config: RewardCo
     if paired is None:
         raise ValueError("an OK verdict needs a paired timing")
     _check_timings(candidate, eager, compiled)
-    decided = paired_milestone(paired.vs_eager, paired.vs_compile, config.margin)
+    decided = paired_milestone(paired.vs_eager, paired.vs_compile, config.margin, paired.starved)
     vs_eager, vs_compile = paired.vs_eager.estimate, paired.vs_compile.estimate
+    # starved baselines (PairedTiming.starved) decide nothing: no speedup above 1 is paid for either
+    paid = (min(vs_eager, 1.0), min(vs_compile, 1.0)) if paired.starved else (vs_eager, vs_compile)
     return Score(
-        reward=_reward(decided.level, vs_eager, vs_compile, config),
+        reward=_reward(decided.level, *paid, config),
         milestone=decided.level,
         verdict=verdict,
         candidate=candidate,
@@ -222,6 +225,7 @@ def score_paired(verdict: Verdict, paired: PairedTiming | None, config: RewardCo
             "inconclusive_vs_eager": decided.vs_eager == "inconclusive",
             "inconclusive_vs_compile": decided.vs_compile == "inconclusive",
             "inconclusive_note": decided.note,
+            "baselines_starved": bool(paired.starved),
             "rounds": len(paired.rounds),
             "paired_stop": paired.stop,
             "paired_seconds": paired.seconds,

@@ -287,6 +287,7 @@ def reward_info(score: Score) -> dict[str, JsonScalar]:
         "speedup_vs_compile": score.speedup_vs_compile,
         "timing_paired": score.paired,
         "inconclusive": score.inconclusive,
+        "baselines_starved": bool(score.breakdown.get("baselines_starved", False)),
         "rules": v.rules,
         "partial": partial_work(v)[:500],
     }

@@ -89,6 +89,18 @@ async def test_a_candidate_that_computes_less_once_timed_gets_minus_one(tmp_path
     assert result.verdict.hack.value == "output_caching" and "diverged" in result.verdict.message
 
 
+async def test_a_candidate_that_starves_its_baselines_of_memory_earns_no_speedup(tmp_path):
+    """It computes the task, but its binding keeps all but 96 MiB of the GPU from its first call:
+    the paired timing sees the baselines' headroom gone and decides no speedup."""
+    ws, task = make_workspace(TIMED / "memory_hog", tmp_path), task_of(TIMED / "memory_hog")
+    async with open_kernel_env(env_config(tmp_path)) as env:
+        assert (await env.compile(ws, task)).ok
+        assert (await env.verify(ws, task)).ok
+        result = await FinalEvaluator(env).evaluate(ws, task)
+    assert result.verdict.ok and result.milestone == 1, result.verdict
+    assert result.breakdown["baselines_starved"] and "starved" in result.breakdown["inconclusive_note"]
+
+
 async def test_large_task_verifies_through_the_queue(tmp_path):
     """Once judged PROBLEM_SHRINKING: the sandbox's 4 GiB RLIMIT_FSIZE broke the 6.4 GB output
     blob; CUDA outputs now travel by IPC (rewards.verify.wire.CudaShare)."""

@@ -23,6 +23,7 @@ from bench.system import reward_stability
 from rewards.evaluate import FinalEvaluator
 from rewards.queue.jobs import decode, encode
 from rewards.reward import RewardConfig, score_paired
+from rewards.timing.headroom import HeadroomWatch, required
 from rewards.timing.paired import (
     PairedConfig,
     PairedSpeedup,
@@ -313,6 +314,48 @@ def test_score_paired_speedup_mode_uses_the_paired_estimates():
     assert s.reward == pytest.approx(1.2)
 
 
+# --- the memory left to the baselines ---------------------------------------------------------------
+
+GIB = 1 << 30
+
+
+def probe_of(values: list[int]):
+    it = iter(values)
+    return lambda: next(it)
+
+
+def test_headroom_below_what_the_baselines_need_is_starved_at_the_first_moment_seen():
+    watch = HeadroomWatch(GIB, probe_of([40 * GIB, 30 * GIB, GIB // 10, GIB // 20]))
+    watch.sample("after the warm-ups")
+    assert watch.starved == ""  # 30 GiB left: plenty
+    watch.sample("after round 3")
+    watch.sample("after round 4")
+    assert "after round 3" in watch.starved and "102 MiB free" in watch.starved
+    assert f"need {required(GIB) // (1 << 20)} MiB" in watch.starved
+    assert (watch.lowest, watch.lowest_at) == (GIB // 20, "after round 4")
+
+
+def test_headroom_that_was_short_before_the_candidate_is_not_the_candidates_doing():
+    watch = HeadroomWatch(GIB, probe_of([GIB, GIB // 2]))  # a shared GPU, say: short from the start
+    watch.sample("after the warm-ups")
+    assert watch.starved == "" and watch.lowest == GIB // 2
+
+
+def test_a_starved_run_decides_no_comparison_and_pays_no_speedup():
+    why = "the baselines were starved of device memory after round 2: 50 MiB free"
+    m = paired_milestone(speedup(1.3, 1.25, 1.35), speedup(1.2, 1.15, 1.25), 0.05, starved=why)
+    assert (m.level, m.vs_eager, m.vs_compile, m.inconclusive, m.note) == (1, "inconclusive", "inconclusive", True, why)
+    slow = paired_milestone(speedup(1.0, 0.98, 1.02), speedup(0.9, 0.88, 0.92), 0.05, starved=why)
+    assert (slow.level, slow.vs_eager, slow.inconclusive) == (1, "not_beaten", False)  # it lost nothing
+    timing = msgspec.structs.replace(paired_timing(speedup(1.3, 1.25, 1.35), speedup(1.2, 1.15, 1.25)), starved=why)
+    s = score_paired(OK, timing)
+    assert (s.reward, s.milestone, s.inconclusive) == (1.0, 1, True)
+    assert s.breakdown["baselines_starved"] is True and s.breakdown["inconclusive_note"] == why
+    fast = score_paired(OK, timing, RewardConfig(mode="speedup", speedup_baseline="best", speedup_transform="clipped"))
+    assert fast.reward == pytest.approx(1.0)  # 1.2 when the baselines had their memory
+    assert score_paired(OK, msgspec.structs.replace(timing, starved="")).breakdown["baselines_starved"] is False
+
+
 # --- the profile protocol --------------------------------------------------------------------------
 
 
@@ -540,8 +583,12 @@ def test_measure_paired_times_every_subject_in_rounds_and_reports_why_no_graph(m
     released = []  # the subjects' input pool and buffers go once the rounds are summarised
     monkeypatch.setattr(paired_timer.SubjectTimer, "release", lambda self: released.append(1))
     seen_at_check = []
+    headroom = [50 * GIB] * 2 + [GIB // 8] * 100  # the candidate takes it after the warm-ups
+    watch = HeadroomWatch(GIB // 4, probe_of(headroom))
     timing = paired_timer.measure_paired(calls, lambda i: (i,), config, PairedConfig(),
-                                         check=lambda: seen_at_check.append(len(released)))
+                                         check=lambda: seen_at_check.append(len(released)), headroom=watch)
+    assert "after round 1:" in timing.starved and timing.baseline_need_bytes == GIB // 4
+    assert timing.lowest_headroom_bytes == GIB // 8
     # between two rounds drawn at random and after the last, before anything of the rounds was released
     assert seen_at_check == [0] * (PairedConfig().checks_between_rounds + 1)
     assert timing.stop == "converged" and len(timing.rounds) == PairedConfig().min_rounds
@@ -636,6 +683,7 @@ def test_the_child_times_candidate_eager_and_compile_together(tmp_path):
     assert all(s.measurement.timing.method == p.method and s.measurement.timing.host_ratio for s in p.subjects)
     assert 0.5 < p.vs_eager.estimate < 2.0 and p.vs_eager.ci_low <= p.vs_eager.estimate <= p.vs_eager.ci_high
     assert outcome.compile_cache  # recorded by the trusted side for later requests
+    assert p.starved == "" and p.lowest_headroom_bytes > p.baseline_need_bytes > 0
     assert score_paired(OK, p).milestone in (1, 2, 3)
     harness = run_profile(msgspec.structs.replace(request, candidate="reference", compile_cache=outcome.compile_cache),
                           work_dir=tmp_path)

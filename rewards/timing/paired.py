@@ -134,6 +134,13 @@ class PairedTiming(Struct, frozen=True, kw_only=True):
     subjects: tuple[PairedSubject, ...]
     method: str
     config: PairedConfig
+    starved: str = ""
+    """Why the baselines' numbers cannot be trusted: the candidate left them less device memory
+    than they need (`rewards.timing.headroom`); "" when they had it or nobody looked."""
+    baseline_need_bytes: int = 0
+    """The most memory one baseline call took beyond its inputs, before the candidate existed."""
+    lowest_headroom_bytes: int = -1
+    """The least headroom seen while the candidate was timed (-1: not watched)."""
 
     def fastest(self, role: Role) -> Measurement:
         """The Measurement of `role` (under several math modes, the fastest one's)."""
@@ -332,11 +339,19 @@ def compare(speedup: PairedSpeedup, margin: float) -> Outcome:
     return "inconclusive"
 
 
-def paired_milestone(vs_eager: PairedSpeedup, vs_compile: PairedSpeedup, margin: float) -> PairedMilestone:
+def paired_milestone(vs_eager: PairedSpeedup, vs_compile: PairedSpeedup, margin: float,
+                     starved: str = "") -> PairedMilestone:
     """3: eager and compile beaten; 2: eager beaten; 1: otherwise. An inconclusive comparison is
     not granted (the lower milestone); `inconclusive` says it cost a level (an inconclusive
-    compile comparison costs nothing when eager was not beaten)."""
+    compile comparison costs nothing when eager was not beaten). `starved` (PairedTiming.starved):
+    the baselines ran short of memory beside the candidate, so no comparison is decided."""
     eager, compiled = compare(vs_eager, margin), compare(vs_compile, margin)
+    if starved:
+        eager = "inconclusive" if eager == "beaten" else eager
+        compiled = "inconclusive" if compiled == "beaten" else compiled
+        lost = "beaten" in (compare(vs_eager, margin), compare(vs_compile, margin))
+        return PairedMilestone(level=1, vs_eager=eager, vs_compile=compiled, threshold=threshold(margin),
+                               inconclusive=lost, note=starved)
     if eager == "beaten":
         level = 3 if compiled == "beaten" else 2
         undecided = ("torch.compile", vs_compile) if compiled == "inconclusive" else None

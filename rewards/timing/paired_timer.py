@@ -23,7 +23,14 @@ from typing import Any, NamedTuple
 import msgspec
 
 from rewards.timing import stats
-from rewards.timing.gpu_timer import Gpu, SubjectTimer, build_pool, gc_paused, graph_sampler
+from rewards.timing.gpu_timer import (
+    Gpu,
+    SubjectTimer,
+    build_pool,
+    gc_paused,
+    graph_sampler,
+)
+from rewards.timing.headroom import HeadroomWatch
 from rewards.timing.paired import (
     PairedConfig,
     PairedSubject,
@@ -101,6 +108,7 @@ def measure_paired(
     config: TimingConfig,
     paired: PairedConfig,
     check: Callable[[], None] | None = None,
+    headroom: HeadroomWatch | None = None,
 ) -> PairedTiming:
     """Time a candidate and its baselines together (`rewards.timing.paired`): one input pool and one
     flush buffer for all, each subject warmed up in turn (the first for TimingConfig's warm-up,
@@ -108,8 +116,10 @@ def measure_paired(
     (`_paired_method`), rotated rounds until `paired`'s stopping rule, then the informational
     CUDA-graph time of launch-bound subjects. `check` runs after `paired.checks_between_rounds`
     rounds drawn at random (untimed) and once right after the last round, while the input pool
-    and the flush buffer exist as they do for the timed calls. Call under torch.no_grad(); a
-    subject that raises propagates."""
+    and the flush buffer exist as they do for the timed calls. `headroom` (made before the
+    candidate was built) samples the memory left to the baselines after the warm-ups, after every
+    round and after the last: a starved run says so (`PairedTiming.starved`). Call under
+    torch.no_grad(); a subject that raises propagates."""
     import cupy
 
     gpu = Gpu(config)
@@ -123,10 +133,18 @@ def measure_paired(
         method = _paired_method(calls, timers, config)
         subjects = [RoundSubject(c.role, t.sample, samples_per_round(paired, t.warm.estimate_ms * t.calls), c.context)
                     for c, t in zip(calls, timers)]
-        between = None
+        if headroom is not None:
+            headroom.sample("after the warm-ups")
+        chosen = set()
         if check is not None:
             chosen = set(random.SystemRandom().sample(range(1, paired.min_rounds + 1), paired.checks_between_rounds))
-            between = lambda n: check() if n in chosen else None  # noqa: E731
+
+        def between(n: int) -> None:
+            if headroom is not None:
+                headroom.sample(f"after round {n}")
+            if n in chosen:
+                check()
+
         run = run_rounds(subjects, paired, between=between)
         after = gpu.clocks()
         if check is not None:
@@ -149,4 +167,6 @@ def measure_paired(
                        for c, m, s in zip(calls, measurements, subjects)),
         method=method,
         config=paired,
+        **({} if headroom is None else {"starved": headroom.starved, "baseline_need_bytes": headroom.need_bytes,
+                                        "lowest_headroom_bytes": headroom.lowest}),
     )

@@ -10,8 +10,9 @@ answers one `Timed`:
 - `rewards.timing.profile.TimePaired`: first, before any candidate code runs, build the reference
   Model and its torch.compile from the trusted task source as `rewards.timing.baselines` does
   (same seeds, backend, mode and math modes; Inductor's artifacts from the trusted side loaded
-  first), then ModelNew, and time the three together with
-  `rewards.timing.paired_timer.measure_paired` on one input pool.
+  first), the memory one call of each takes (`rewards.timing.headroom`), then ModelNew, and time
+  the three together with `rewards.timing.paired_timer.measure_paired` on one input pool,
+  watching the memory the candidate leaves the baselines.
 `candidate="reference"` (benchmarks of the timer only) times the task's own Model, with the state
 ModelNew would get, as the candidate.
 
@@ -38,7 +39,7 @@ _import_start = time.perf_counter()
 
 import torch
 
-from rewards.timing import baselines
+from rewards.timing import baselines, headroom
 from rewards.timing.baselines import measure_model
 from rewards.timing.paired_timer import PairedCall, measure_paired
 from rewards.timing.profile import TimeCandidate, Timed, TimePaired, time_request_decoder
@@ -122,6 +123,8 @@ def time_paired(msg: TimePaired) -> Timed:
     try:
         with phases.phase("reference"):  # CUDA context, Model, its compile; no candidate code yet
             calls, make_inputs = baseline_calls(msg, phases)
+            with phases.phase("reference.memory"), torch.no_grad():  # what one baseline call takes
+                watch = headroom.HeadroomWatch(headroom.baseline_need(calls, make_inputs))
     except BaseException as exc:  # noqa: BLE001 - not the candidate's failure: the parent raises
         return Timed(ok=False, harness_error=True, error=describe_exception(exc), phases_ms=phases.as_dict())
     try:
@@ -131,7 +134,8 @@ def time_paired(msg: TimePaired) -> Timed:
         with phases.phase("measure"), torch.no_grad():
             paired = measure_paired([PairedCall("candidate", "", candidate), *calls], make_inputs, msg.config,
                                     msg.paired, check=lambda: checks.append(
-                                        checked_after_timing(candidate, calls[0], make_inputs, phases)))
+                                        checked_after_timing(candidate, calls[0], make_inputs, phases)),
+                                    headroom=watch)
     except BaseException as exc:  # noqa: BLE001 - a candidate that fails here is a result
         return Timed(ok=False, error=describe_exception(exc), phases_ms=phases.as_dict())
     if diverged := next((why for why in checks if why), ""):
