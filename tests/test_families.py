@@ -214,6 +214,21 @@ def test_one_teacher_per_family_builds_with_the_real_compile_pool(split, tmp_pat
     for family, result in anyio.run(build_all).items():
         assert result.ok, f"{family}: {result.log}"
 
+    # a second teacher of a family reuses the first's binding object: only its kernel compiles
+    second = next(t for t in split.train if t.metadata["family"] == "unary" and t is not firsts["unary"])
+    demo = fam.family_demos([second])[0]
+    build = anyio.run(pool.build, write_workspace(tmp_path / "second", demo.task, demo.files))
+    assert build.result.ok and set(build.unit_seconds) == {"kernels/unary.cu"}, build.unit_seconds
+
+
+def test_a_familys_teachers_share_one_binding_file():
+    """The binding never names the op, so the compile pool builds it once per family (and axis)."""
+    bindings: dict[tuple[str, str], set[str]] = {}
+    for spec in (s for group in fam.specs() for s in group):
+        text = fam.teacher_files(spec)[f"kernels/{spec.family}_binding.cpp"]
+        bindings.setdefault((spec.family, spec.axis), set()).add(text)
+    assert len(bindings) == 6 and all(len(texts) == 1 for texts in bindings.values()), bindings.keys()
+
 
 def test_every_binding_calls_a_launcher_its_kernel_defines(split):
     """The binding and the kernel meet at link time: every extern "C" launcher a binding declares
