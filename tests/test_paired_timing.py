@@ -341,6 +341,14 @@ def test_headroom_that_was_short_before_the_candidate_is_not_the_candidates_doin
     assert watch.starved == "" and watch.lowest == GIB // 2
 
 
+def test_what_the_timing_harness_takes_is_not_the_candidates_doing():
+    # 2 GiB free once the candidate is built; the harness's input pool then takes 1.9 of it
+    watch = HeadroomWatch(GIB // 16, probe_of([2 * GIB, 2 * GIB, GIB // 10, GIB // 10]))
+    watch.harness_since(watch.probe())
+    watch.sample("after the warm-ups")
+    assert watch.starved == "" and watch.before == GIB // 10
+
+
 def test_a_starved_run_decides_no_comparison_and_pays_no_speedup():
     why = "the baselines were starved of device memory after round 2: 50 MiB free"
     m = paired_milestone(speedup(1.3, 1.25, 1.35), speedup(1.2, 1.15, 1.25), 0.05, starved=why)
@@ -583,7 +591,8 @@ def test_measure_paired_times_every_subject_in_rounds_and_reports_why_no_graph(m
     released = []  # the subjects' input pool and buffers go once the rounds are summarised
     monkeypatch.setattr(paired_timer.SubjectTimer, "release", lambda self: released.append(1))
     seen_at_check = []
-    headroom = [50 * GIB] * 2 + [GIB // 8] * 100  # the candidate takes it after the warm-ups
+    # built: 50 GiB; the harness's pool and flush buffer take 1; the candidate takes it after the warm-ups
+    headroom = [50 * GIB, 50 * GIB, 49 * GIB, 49 * GIB] + [GIB // 8] * 100
     watch = HeadroomWatch(GIB // 4, probe_of(headroom))
     timing = paired_timer.measure_paired(calls, lambda i: (i,), config, PairedConfig(),
                                          check=lambda: seen_at_check.append(len(released)), headroom=watch)

@@ -12,7 +12,7 @@ the most memory one call took beyond what was allocated before it (its workspace
 temporaries); `HeadroomWatch` then samples the headroom (free device memory plus what torch's
 allocator holds unused) after the warm-ups, after every round and after the last, and
 `starved` names the first moment the headroom fell below what the baselines need (with a margin)
-when it was there before the candidate was built. What the headroom was short of before the
+when it was there before the candidate was built (less what the harness itself took since). What the headroom was short of before the
 candidate existed (another process on a shared GPU) is not the candidate's doing and is not
 flagged.
 
@@ -74,6 +74,12 @@ class HeadroomWatch:
         self.lowest = self.before
         self.lowest_at = "before the candidate was built"
         self.starved = ""
+
+    def harness_since(self, start: int) -> None:
+        """The timing harness allocated its own memory (the flush buffer, the input pool; no
+        candidate call in between) since the probe read `start`: what the baselines could have
+        had without the candidate shrinks by what it took."""
+        self.before -= max(0, start - self.probe())
 
     def sample(self, where: str) -> None:
         now = self.probe()

@@ -122,9 +122,12 @@ def measure_paired(
     torch.no_grad(); a subject that raises propagates."""
     import cupy
 
+    start = 0 if headroom is None else headroom.probe()
     gpu = Gpu(config)
     with cupy.cuda.Device(gpu.index), gc_paused():
         pool = build_pool(make_inputs, config)
+        if headroom is not None:  # the flush buffer and the input pool: the harness's memory
+            headroom.harness_since(start)
         timers = [SubjectTimer(gpu, c.fn, pool, config) for c in calls]
         before, flush_ms = gpu.clocks(), gpu.flush_ms()
         for position, (call, timer) in enumerate(zip(calls, timers)):
