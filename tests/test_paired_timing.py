@@ -342,7 +342,7 @@ def test_headroom_that_was_short_before_the_candidate_is_not_the_candidates_doin
 
 
 def test_what_the_timing_harness_takes_is_not_the_candidates_doing():
-    # 2 GiB free once the candidate is built; the harness's input pool then takes 1.9 of it
+    # 2 GiB free before the candidate was built; the harness's input pool then takes 1.9 of it
     watch = HeadroomWatch(GIB // 16, probe_of([2 * GIB, 2 * GIB, GIB // 10, GIB // 10]))
     watch.harness_since(watch.probe())
     watch.sample("after the warm-ups")
