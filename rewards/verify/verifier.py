@@ -207,8 +207,8 @@ class CandidateProcess:
     def close(self) -> None:
         """Kill the child's process group (strays of the candidate too) at once. By now the
         verdict is decided: a graceful exit (Bye) would only add the child's interpreter, torch,
-        profiler and CUDA teardown to the job (measured 1.6 s of a 6.1 s CPU verification; issue
-        3), and it would run candidate atexit code. Timeouts always ended children this way."""
+        profiler and CUDA teardown to the job (measured 1.6 s of a 6.1 s CPU verification), and
+        it would run candidate atexit code. Timeouts end children this way too."""
         self.kill()
 
     def kill(self) -> None:
