@@ -660,6 +660,14 @@ def row(milestone: int, e: float, c: float, ci: float | None = None, inconclusiv
     return r
 
 
+def test_the_stability_bench_takes_paired_config_overrides_and_refuses_bad_ones():
+    config = reward_stability.paired_config(["min_rounds=6", "round_target_ms=10"], time_cap_s=5.0)
+    assert (config.min_rounds, config.round_target_ms, config.time_cap_s) == (6, 10.0, 5.0)
+    for bad in (["min_rounds=3"], ["no_such_field=1"], ["min_rounds"]):
+        with pytest.raises(SystemExit, match="--paired"):
+            reward_stability.paired_config(bad)
+
+
 def test_stability_summary_counts_agreement_spread_and_widths():
     old = [row(1, 1.0, 0.8), row(2, 1.6, 1.0), row(1, 0.9, 0.9), {"ok": False, "wall_s": 1.0, "error": "x"}]
     paired = [row(1, 1.00, 0.80, 0.01), row(1, 1.01, 0.81, 0.02), row(1, 1.02, 0.80, 0.01, inconclusive=True)]
@@ -672,7 +680,10 @@ def test_stability_summary_counts_agreement_spread_and_widths():
     assert goals["paired_spread_ok"] == {"vs_eager": True, "vs_compile": None}
     text = reward_stability.markdown([{"task": "4_LeNet5", "candidate": "reference",
                                        "summary": {"old": o, "paired": p, "targets": goals}}], None)
-    assert "| 4_LeNet5 | reference | 3 | 2 (m1)" in text and "| ok |" in text
+    assert "| 4_LeNet5 | reference | 3 | 2 (m1)" in text and "| ok |" in text and "PairedConfig" not in text
+    shorter = {"task": "4_LeNet5", "candidate": "reference", "summary": {"old": o, "paired": p, "targets": goals},
+               "paired_config": msgspec.to_builtins(PairedConfig(min_rounds=6))}
+    assert "Paired runs with PairedConfig min_rounds=6 (the rest default)." in reward_stability.markdown([shorter], None)
 
 
 # --- on a GPU ---------------------------------------------------------------------------------------

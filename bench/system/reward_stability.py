@@ -171,6 +171,10 @@ def markdown(tasks: list[dict], cost: dict | None) -> str:
             f"| {f(p.get('spread_vs_eager'))} / {f(p.get('spread_vs_compile'))} "
             f"| {f(p.get('ci_width_vs_eager_median'), '.2%')} / {f(p.get('ci_width_vs_compile_median'), '.2%')} "
             f"| {p.get('inconclusive', '-')} | {f(p.get('wall_s_median'), '.1f')} | {verdict} |")
+    defaults = msgspec.to_builtins(PairedConfig())
+    changed = sorted({f"{k}={v}" for t in tasks for k, v in t.get("paired_config", {}).items() if defaults.get(k) != v})
+    if changed:
+        lines += ["", f"Paired runs with PairedConfig {' '.join(changed)} (the rest default)."]
     if cost:
         lines += ["", "| cost (job wall time, median s) | value |", "|---|---|"]
         lines += [f"| {k} | {f(v, '.2f')} |" for k, v in cost.items() if isinstance(v, (int, float))]
@@ -260,6 +264,7 @@ async def one_task(queue: GpuQueue, s: Subject, runs: int, config: ProfileConfig
     summary["targets"] = targets(summary["old"], summary["paired"])
     b = first.baselines
     return b, {"task": s.task.name, "level": s.level, "candidate": s.candidate, "runs_requested": runs,
+            "paired_config": msgspec.to_builtins(config.paired),
             "baselines": {"eager_ms": b.eager.measurement.timing.median_ms,
                           "compile_ms": b.compiled.measurement.timing.median_ms, "method": b.method,
                           "compile_s": b.compile_s, "job_wall_s": first_wall,
@@ -285,12 +290,30 @@ async def cost(queue: GpuQueue, s: Subject, config: EnvConfig, repeats: int, res
     return out | {"repeats": repeats}
 
 
+def paired_config(fields: list[str], time_cap_s: float = 0.0) -> PairedConfig:
+    """PairedConfig with `FIELD=VALUE` overrides (values as JSON, else strings); a bad field or
+    value is a one-line error."""
+    values: dict = {"time_cap_s": time_cap_s} if time_cap_s else {}
+    for item in fields:
+        name, sep, text = item.partition("=")
+        if not sep or name not in PairedConfig.__struct_fields__:
+            raise SystemExit(f"--paired {item!r}: expected FIELD=VALUE with a field of PairedConfig")
+        try:
+            values[name] = json.loads(text)
+        except json.JSONDecodeError:
+            values[name] = text
+    try:
+        return msgspec.convert(values, PairedConfig)
+    except (msgspec.ValidationError, ValueError) as error:
+        raise SystemExit(f"--paired {' '.join(fields)}: {error}") from None
+
+
 async def run(args) -> int:
     names = [t for t in args.tasks.split(",") if t] or list(TASKS)
     out = Path(args.out or "reward_stability")
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.deadline_s
-    profile = ProfileConfig(paired=PairedConfig(time_cap_s=args.time_cap_s) if args.time_cap_s else PairedConfig())
+    profile = ProfileConfig(paired=paired_config(args.paired, args.time_cap_s))
     env = EnvConfig(gpus=(0,), sandbox="on" if args.sandbox else "off", profile=profile)
     if await count_gpus(env.queue.python) < 1:
         raise NeedsGpu("--reward-stability needs a CUDA GPU")

@@ -96,6 +96,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument("--tasks", default="", help="KernelBench names, any level (default: the six of the module doc)")
     g.add_argument("--time-cap-s", type=float, default=0.0,
                    help="PairedConfig.time_cap_s of the paired runs (0: the default, 10 s)")
+    g.add_argument("--paired", action="append", default=[], metavar="FIELD=VALUE",
+                   help="a PairedConfig field of the paired runs (repeatable), e.g. min_rounds=6 round_target_ms=10")
     g.add_argument("--deadline-s", type=float, default=510.0,
                    help="start no new run after this many seconds (the tables cover the runs done)")
     g.add_argument("--cost-runs", type=int, default=3,
