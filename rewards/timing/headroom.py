@@ -16,6 +16,10 @@ when it was there before the candidate was built (less what the harness itself t
 candidate existed (another process on a shared GPU) is not the candidate's doing and is not
 flagged.
 
+On a GPU shared with other processes (the single-GPU layout: learner and engine beside the
+queue), memory they take during the rounds counts the same: the baselines were starved all the
+same, so nothing is decided, but no one is blamed either.
+
 What it is not: a verdict. `rewards.timing.paired.paired_milestone` grants no speedup milestone
 from a starved run (the candidate's own time is real; the baselines' are not).
 """
