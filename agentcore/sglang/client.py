@@ -10,7 +10,8 @@ Failure policy: transport errors and 5xx are retried with exponential backoff an
 `max_retries` or `retry_budget_s` is spent, then `EngineError` names the URL. A 400 means the
 server refused this request (`RequestRejected`, never retried). A 200 whose finish reason is
 `abort` (abort_request, pause_generation) is resumed from the partial output, so the caller sees
-one `Generation`. To stop a request on purpose, cancel the awaiting task: httpx closes the
+one `Generation`; so is a 499, SGLang's answer to a request that waited at a pause's gate while the
+pause's repeated abort-all marked it (no tokens). To stop a request on purpose, cancel the awaiting task: httpx closes the
 connection and SGLang aborts the request on disconnect.
 
     async with SGLangClient(SGLangClientConfig(base_url="http://127.0.0.1:30000")) as client:
@@ -125,6 +126,7 @@ class SGLangClient:
         )
         self._sglang_slots = anyio.CapacityLimiter(config.max_connections)
         self._requests = self._retries = self._resumes = self._errors = self._in_flight = 0
+        self._version = 0  # the weight version of the last answer, for pieces that carry none
 
     async def __aenter__(self) -> SGLangClient:
         return self
@@ -190,13 +192,17 @@ class SGLangClient:
             return wire.encoder.encode(wire.generate_payload(input_ids, params, budget, session_id))
 
         response = await self._exchange("POST", "/generate", payload, retry=True, slots=True)
+        if response.status_code == 499:  # aborted while held by a pause: nothing generated
+            return Generation(token_ids=[], logprobs=[], finish_reason="abort", weight_version=self._version)
         if response.status_code == 400:
             raise RequestRejected(
                 f"SGLang at {self.base_url}/generate refused the request: "
                 f"{wire.error_text(response)}"
             )
         wire.expect_status(response, 200, self.base_url)
-        return wire.parse_generation(response.content, budget, f"{self.base_url}/generate")
+        gen = wire.parse_generation(response.content, budget, f"{self.base_url}/generate")
+        self._version = gen.weight_version
+        return gen
 
     # -----------------------------------------------------------------------------------------
     # HTTP with retries.

@@ -16,6 +16,7 @@ same prompt always gives the same continuation and a resumed generation equals a
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Callable
 
 import anyio
@@ -81,6 +82,7 @@ class FakeSGLangServer:
         model_path: str = "fake-model",
         tp_size: int = 1,
         policy: Callable[[list[int]], list[int]] | None = None,
+        pause_abort_window_s: float = 0.25,
     ) -> None:
         self.host, self.port = host, port
         # A policy maps the prompt to the whole continuation (a scripted agent); without one the
@@ -100,6 +102,12 @@ class FakeSGLangServer:
         self._corrupt = 0
         self._aborts: list[int] = []
         self._running: dict[str, _Running] = {}
+        self._waiting: dict[str, _Running] = {}  # registered, held at the pause gate
+        # SGLang's abort-mode pause repeats abort-all (about once a second) until no request
+        # runs; a request that arrives in that window and waits at the gate is marked too and
+        # answered 499 after continue. The fake's window is shorter, to keep tests fast.
+        self.pause_abort_window_s = pause_abort_window_s
+        self._abort_window_until = 0.0
         self._unpaused = anyio.Event()
         self._unpaused.set()
         self._tg: TaskGroup | None = None
@@ -223,8 +231,17 @@ class FakeSGLangServer:
         budget = int(sampling.get("max_new_tokens", 128))
         stops = set(sampling.get("stop_token_ids") or ())
         abort_after = self._aborts.pop(0) if self._aborts else None
-        await self._unpaused.wait()
         run = _Running(data.get("rid") or "")
+        if not self._unpaused.is_set():
+            if time.monotonic() < self._abort_window_until:
+                run.aborted.set()
+            self._waiting[run.rid] = run
+            try:
+                await self._unpaused.wait()
+            finally:
+                self._waiting.pop(run.rid, None)
+            if run.aborted.is_set():
+                return 499, {"error": {"message": f"Request {run.rid} was aborted"}}
         self._running[run.rid] = run
         try:
             with anyio.move_on_after(self.latency_s):
@@ -297,13 +314,15 @@ class FakeSGLangServer:
         return 200, None
 
     def _abort_matching(self, prefix: str, everything: bool) -> None:
-        for run in list(self._running.values()):
+        for run in [*self._running.values(), *self._waiting.values()]:
             if everything or (prefix and run.rid.startswith(prefix)):
                 run.aborted.set()
 
     async def _pause(self, data: dict[str, Any]) -> tuple[int, Any]:
         self._unpaused = anyio.Event()
         if data.get("mode", "abort") == "abort":
+            if self._running:
+                self._abort_window_until = time.monotonic() + self.pause_abort_window_s
             self._abort_matching("", True)
         return 200, {"message": "Generation paused successfully.", "status": "ok"}
 
