@@ -85,6 +85,32 @@ async def test_command_carries_sglang_flags():
         assert flag in joined
 
 
+def sgl_kernel_at(root: Path, *, fa3: bool) -> str:
+    """A folder holding an `sgl_kernel` package as the server would import it (files only)."""
+    package = root / "sgl_kernel"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    if fa3:
+        (package / "flash_ops.abi3.so").write_bytes(b"")
+    return str(root)
+
+
+async def test_the_attention_backend_is_triton_only_where_the_kernels_lack_fa3(tmp_path):
+    def flags(**overrides) -> list[str]:
+        cmd = SGLangServer(SGLangServerConfig(model_path="M", **overrides)).command
+        return cmd[cmd.index("--attention-backend") + 1:][:1] if "--attention-backend" in cmd else []
+
+    stripped = sgl_kernel_at(tmp_path / "stripped", fa3=False)
+    full = sgl_kernel_at(tmp_path / "full", fa3=True)
+    assert flags(env={"PYTHONPATH": stripped}) == ["triton"]  # the offline build: FA3 stripped
+    assert flags(env={"PYTHONPATH": full}) == []  # SGLang's own choice (FA3 on Hopper)
+    assert flags(env={"PYTHONPATH": stripped}, attention_backend="") == []
+    assert flags(env={"PYTHONPATH": full}, attention_backend="flashinfer") == ["flashinfer"]
+    given = SGLangServer(SGLangServerConfig(model_path="M", env={"PYTHONPATH": stripped},
+                                            extra_args=("--attention-backend", "flashinfer"))).command
+    assert given.count("--attention-backend") == 1 and given[-1] == "flashinfer"
+
+
 async def test_start_returns_only_once_health_generate_answers(tmp_path):
     config = fake_config(tmp_path, "--fake-startup-delay-s", "0.5")
     with anyio.fail_after(BOUND_S):

@@ -16,6 +16,7 @@ itself, and `module` can name a fake (tests use `tests.fakes.fake_sglang_launch`
 
 from __future__ import annotations
 
+import glob
 import os
 import shlex
 import signal
@@ -55,6 +56,11 @@ class SGLangServerConfig(Struct, frozen=True, kw_only=True):
     """Allow release/resume of memory occupation (`--enable-memory-saver`)."""
     skip_tokenizer_init: bool = True
     """Token ids in and out only (`--skip-tokenizer-init`)."""
+    attention_backend: str = "auto"
+    """`--attention-backend`: "auto" passes `triton` when the sgl_kernel the server will import
+    has no FA3 ops (the offline build strips them, and FA3 is SGLang's default on Hopper), else
+    leaves SGLang's choice; "" never passes one; any other value is passed as given. A flag in
+    `extra_args` wins."""
     extra_args: tuple[str, ...] = ()
     """Further launch_server flags, passed as given."""
     module: str = "sglang.launch_server"
@@ -138,7 +144,22 @@ class SGLangServer:
             cmd.append("--enable-memory-saver")
         if c.skip_tokenizer_init:
             cmd.append("--skip-tokenizer-init")
+        backend = self.attention_backend()
+        if backend:
+            cmd += ["--attention-backend", backend]
         return cmd + list(c.extra_args)
+
+    def attention_backend(self) -> str:
+        """The `--attention-backend` to pass, "" for none (see `SGLangServerConfig.attention_backend`)."""
+        c = self.config
+        if c.attention_backend != "auto" or any(a.split("=")[0] == "--attention-backend" for a in c.extra_args):
+            return "" if c.attention_backend == "auto" else c.attention_backend
+        python_path = c.env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+        for folder in [*python_path.split(os.pathsep), *sys.path]:
+            kernel = os.path.join(folder or ".", "sgl_kernel")
+            if os.path.isfile(os.path.join(kernel, "__init__.py")):
+                return "" if glob.glob(os.path.join(kernel, "flash_ops*")) else "triton"
+        return ""
 
     def statistics(self) -> ServerStatistics:
         running = self._run is not None and self._run.process.returncode is None
