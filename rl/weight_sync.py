@@ -24,7 +24,7 @@ import base64
 import io
 import pickle
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -49,8 +49,10 @@ class WeightSyncConfig(Struct, frozen=True, kw_only=True):
     """embedded: in-process engine; sglang_tensor: colocated server (CUDA IPC); sglang_disk."""
     bucket_bytes: int = 512 * 2**20
     """Bytes of full tensors gathered and sent at once (sglang_tensor: two alive at the peak)."""
-    pause_mode: Literal["abort", "retract", "in_place"] = "abort"
-    """SGLang pause mode; `abort` ends running requests (the client resumes them afterwards)."""
+    pause_mode: Literal["abort"] = "abort"
+    """SGLang pause mode: `abort` ends running requests (the client resumes them afterwards).
+    SGLang's `retract` and `in_place` keep requests queued or running, and a server that holds
+    any refuses the flush an update needs (and a weight update that flushes then kills it)."""
     flush_timeout_s: float = 120.0
     """How long to keep retrying a flush that SGLang refuses because requests still run."""
     flush_poll_s: float = 0.05
@@ -244,12 +246,17 @@ async def release(
     client: SGLangClient,
     cfg: WeightSyncConfig = WeightSyncConfig(),
     tags: Sequence[str] | None = None,
+    releasing: Callable[[], None] | None = None,
 ) -> None:
     """Before training on a shared GPU: pause generation, wait until the server is idle, then
     free its memory (`tags` among weights, kv_cache, cuda_graph; None frees all). The server
-    stays paused; `sync_tensor(..., released=True)` restores it."""
+    stays paused; `sync_tensor(..., released=True)` restores it. `releasing` is called right
+    before the release request, once the server is idle: from then on the tags may be released
+    (SGLang kills the server that is asked to resume a tag it never released)."""
     await client.pause_generation(cfg.pause_mode)
     await flush_until_idle(client, cfg)
+    if releasing is not None:
+        releasing()
     await client.release_memory_occupation(tags)
 
 
@@ -276,8 +283,8 @@ async def sync_tensor(
 
     `released`: the server's memory was freed by `release`; its weights come back before the
     update and its KV cache and CUDA graphs after it, before generation continues. `tp_size`:
-    the server's TP ranks all get this GPU's handles and copy from it (one server per GPU is the
-    intended layout). Raises WeightSyncError; generation is continued in every case, and after
+    each of the server's TP ranks gets its own pickle of this GPU's handles and copies from it
+    (one server per GPU is the intended layout). Raises WeightSyncError; generation is continued in every case, and after
     a failure the buckets are still run to the end (see `_drain`)."""
     started, device, it = time.monotonic(), _current_cuda_device(), iter(buckets)
     ok = False
@@ -330,26 +337,26 @@ async def _post_buckets(
         raise WeightSyncError(f"weight sync of version {version}: no tensors to send")
     while upcoming is not None:
         bucket, upcoming = upcoming, await _next_bucket(it, device)
-        payload = await _in_thread(device, partial(serialize_named_tensors, bucket, ipc_device=cfg.ipc_device))
+        # one pickle per TP rank: each rank opens only its own handles, and torch counts every
+        # pickled handle's consumer (a payload shared by ranks would be released too early)
+        serialize = partial(serialize_named_tensors, bucket, ipc_device=cfg.ipc_device)
+        payloads = await _in_thread(device, lambda f=serialize: [f() for _ in range(tp_size)])
         last_version = version if upcoming is None else None
-        await _post_bucket(client, payload, tp_size, last_version, tally.buckets, version)
+        await _post_bucket(client, payloads, last_version, tally.buckets, version)
         tally.add(bucket)
-        del bucket, payload  # loaded by the server: its IPC handles may be released
+        del bucket, payloads  # loaded by the server: its IPC handles may be released
     return tally
 
 
 async def _post_bucket(
     client: SGLangClient,
-    payload: str,
-    tp_size: int,
+    payloads: list[str],
     weight_version: int | None,
     index: int,
     version: int,
 ) -> None:
     try:
-        await client.update_weights_from_tensor(
-            [payload] * tp_size, flush_cache=False, weight_version=weight_version
-        )
+        await client.update_weights_from_tensor(payloads, flush_cache=False, weight_version=weight_version)
     except EngineError as exc:
         raise WeightSyncError(
             f"weight sync of version {version} to {client.base_url} failed at bucket {index}: {exc}"

@@ -106,6 +106,15 @@ async def test_seed_is_sent_as_sampling_seed():
     assert fake.generate_requests[-1]["sampling_params"]["sampling_seed"] == 1234
 
 
+async def test_an_unseeded_request_gets_a_seed_of_its_own():
+    # a server with --enable-deterministic-inference would give every unseeded request seed 42
+    async with serving() as (fake, client):
+        for _ in range(4):
+            await client.generate(PROMPT, params(4), session_id="s")
+    seeds = [q["sampling_params"]["sampling_seed"] for q in fake.generate_requests]
+    assert len(set(seeds)) == 4 and all(isinstance(x, int) and 0 <= x < 2**31 for x in seeds)
+
+
 async def test_stop_token_ends_generation_with_stop(sglang_backend):
     async with sglang_backend.serving() as client:
         await wait_idle_flush(client)

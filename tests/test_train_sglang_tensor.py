@@ -115,9 +115,12 @@ class TensorServer(FakeSGLangServer):
 
     def _load(self, data: dict[str, Any]) -> str | None:
         entries = data["serialized_named_tensors"]
-        if len(entries) != self.tp_size or len(set(entries)) != 1:
-            return f"expected one identical payload per TP rank, got {len(entries)}"
-        for name, tensor in decode(entries[0]):  # a CUDA tensor is read now, as SGLang copies it
+        if len(entries) != self.tp_size:
+            return f"expected one payload per TP rank, got {len(entries)}"
+        decoded = [decode(entry) for entry in entries]  # each TP rank opens its own pickle
+        if len({tuple((name, tuple(t.shape)) for name, t in d) for d in decoded}) != 1:
+            return "the TP ranks' payloads name different tensors"
+        for name, tensor in decoded[0]:  # a CUDA tensor is read now, as SGLang copies it
             self.pending[name] = (tuple(tensor.shape), tensor.dtype)
             self.checksum += tensor.double().sum().item()
             self.devices.add(tensor.device.type)

@@ -228,6 +228,28 @@ async def test_server_that_never_idles_times_out_and_continues():
         assert fake.calls[-1] == "/continue_generation"
 
 
+async def test_each_tp_rank_gets_a_payload_of_its_own():
+    async with serving() as (fake, client):
+        await sync_tensor(client, buckets(), 4, FAST, tp_size=2)
+    for update in fake.updates():
+        ranks = [sglang_decode(entry) for entry in update["serialized_named_tensors"]]
+        assert len(ranks) == 2 and [n for n, _ in ranks[0]] == [n for n, _ in ranks[1]]
+
+
+async def test_tags_count_as_released_only_once_the_release_request_goes_out():
+    released: list[list[str]] = []
+    cfg = WeightSyncConfig(flush_timeout_s=0.3, flush_poll_s=0.01)
+    async with serving() as (fake, client):
+        fake.busy_flushes = 10**6  # never idle: nothing is released, so nothing may be resumed
+        with pytest.raises(WeightSyncError, match="stayed busy"):
+            await release(client, cfg, ["kv_cache"], releasing=lambda: released.append(list(fake.calls)))
+        assert released == [] and "/release_memory_occupation" not in fake.calls
+        fake.busy_flushes = 0
+        await release(client, cfg, ["kv_cache"], releasing=lambda: released.append(list(fake.calls)))
+    assert len(released) == 1 and "/release_memory_occupation" not in released[0]
+    assert fake.released_tags == {"kv_cache"}
+
+
 async def test_cancelled_sync_still_continues_generation():
     async with serving() as (fake, client):
         fake.busy_flushes = 10**6

@@ -8,6 +8,7 @@ and `entrypoints/http_server.py` (status codes, `{success, message}` acks), both
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -77,8 +78,9 @@ def generate_payload(
         "skip_special_tokens": False,
         "no_stop_trim": True,
     }
-    if params.seed is not None:
-        sampling["sampling_seed"] = params.seed
+    # A server started with --enable-deterministic-inference samples every unseeded request with
+    # seed 42 (a group's samples of one prompt would all be the same): never send none.
+    sampling["sampling_seed"] = params.seed if params.seed is not None else random.getrandbits(31)
     return {
         "input_ids": input_ids,
         "sampling_params": sampling,

@@ -208,9 +208,9 @@ class Rank:
         if self.server is None:
             return Empty()
         tags = ["weights"] * req.weights + ["kv_cache", "cuda_graph"]
-        self.server_released |= set(tags)  # first: a half-done release is undone by resume
-        try:
-            await release_server(self.server, self.cfg.weight_sync, tags)
+        try:  # the tags count as released from the release request on: a half-done one is undone by resume
+            await release_server(self.server, self.cfg.weight_sync, tags,
+                                 releasing=lambda: self.server_released.update(tags))
         except Exception as exc:
             raise RuntimeError(f"{self._who()}: releasing memory {tags} failed: {exc}") from exc
         return Empty()
