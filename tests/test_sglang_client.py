@@ -359,9 +359,19 @@ async def test_memory_release_and_resume_send_tags():
 
 
 async def test_server_info_reports_version():
-    async with serving() as (_, client):
+    async with serving() as (fake, client):
         info = await client.get_server_info()
     assert info.version == "0.0.0-fake" and info.raw["tp_size"] == 1
+    assert [path for path, _ in fake.control_requests] == ["/server_info"]  # the 0.5.17 route, not the deprecated one
+
+
+async def test_server_info_falls_back_to_the_older_route(monkeypatch):
+    from tests.fakes import sglang_server
+
+    monkeypatch.delitem(sglang_server._ROUTES, "/server_info")  # a server older than 0.5.17
+    async with serving() as (fake, client):
+        assert (await client.get_server_info()).version == "0.0.0-fake"
+    assert [path for path, _ in fake.control_requests] == ["/server_info", "/get_server_info"]
 
 
 async def test_abort_request_needs_a_rid_or_abort_all():

@@ -157,7 +157,7 @@ def model_tensors(cfg) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
 def publication_order(calls: list[str]) -> list[str]:
     out: list[str] = []
     for path in calls:
-        if path != "/generate" and path != "/get_server_info" and (not out or out[-1] != path):
+        if path not in ("/generate", "/server_info", "/get_server_info") and (not out or out[-1] != path):
             out.append(path)
     return out
 

@@ -85,7 +85,7 @@ class ClientStatistics(Struct, frozen=True, kw_only=True):
 
 
 class ServerInfo(Struct, frozen=True, kw_only=True):
-    """`/get_server_info`: the SGLang version and the raw server args and scheduler info."""
+    """`/server_info`: the SGLang version and the raw server args and scheduler info."""
 
     version: str
     raw: dict[str, Any]
@@ -384,7 +384,13 @@ class SGLangClient:
         )
 
     async def get_server_info(self) -> ServerInfo:
-        raw = await self._get_json("/get_server_info")
+        """`/server_info`; servers older than SGLang 0.5.17 have only `/get_server_info` (which
+        0.5.17 still answers, with a deprecation warning in its log at every call)."""
+        timeout_s = self.config.control_timeout_s
+        response = await self._exchange("GET", "/server_info", retry=True, timeout_s=timeout_s)
+        if response.status_code == 404:
+            response = await self._exchange("GET", "/get_server_info", retry=True, timeout_s=timeout_s)
+        raw = wire.json_object(response, self.base_url)
         return ServerInfo(version=str(raw.get("version", "")), raw=raw)
 
     async def get_weight_version(self) -> int:

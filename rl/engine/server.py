@@ -2,8 +2,8 @@
 
 What it is: `EngineServer` answers the routes the client and the router use (field names
 from SGLang's `python/sglang/srt/managers/io_struct.py`): `/generate` token-in/token-out with
-output log-probs, `/health`, `/health_generate`, `/get_server_info`, `/get_model_info`,
-`/get_weight_version`, `/flush_cache`, `/abort_request`, `/pause_generation`,
+output log-probs, `/health`, `/health_generate`, `/server_info` (and the older
+`/get_server_info`), `/get_model_info`, `/get_weight_version`, `/flush_cache`, `/abort_request`, `/pause_generation`,
 `/continue_generation`, `/release_memory_occupation`, `/resume_memory_occupation` and
 `/update_weights_from_disk` (safetensors of a HF directory, loaded in place). The caller may add
 routes (the learner adds `/learner/...`) to the same server.
@@ -131,6 +131,7 @@ class EngineServer:
         both = {
             "/health": self._health,
             "/health_generate": self._health_generate,
+            "/server_info": self._server_info,
             "/get_server_info": self._server_info,
             "/get_model_info": self._model_info,
             "/get_weight_version": self._weight_version,

@@ -103,7 +103,7 @@ class Rank:
         self.commands = anyio.CapacityLimiter(1)  # collectives run one at a time, in order
         self.stop = anyio.Event()
         self.server: SGLangClient | None = None  # sglang_tensor: this rank's colocated server
-        self.server_tp_size = 0  # its TP ranks, read from /get_server_info at the first sync
+        self.server_tp_size = 0  # its TP ranks, read from /server_info at the first sync
         self.server_released: set[str] = set()  # memory tags the server freed, not yet restored
 
     async def _in_thread(self, fn: Callable[[], Any]) -> Any:

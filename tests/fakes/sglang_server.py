@@ -383,7 +383,8 @@ _ROUTES = {
     "/update_weights_from_tensor": FakeSGLangServer._update_weights,
     "/update_weights_from_distributed": FakeSGLangServer._update_weights,
     "/init_weights_update_group": FakeSGLangServer._init_group,
-    "/get_server_info": FakeSGLangServer._server_info,
+    "/get_server_info": FakeSGLangServer._server_info,  # deprecated in SGLang 0.5.17, still served
+    "/server_info": FakeSGLangServer._server_info,
     "/get_weight_version": FakeSGLangServer._weight_version,
     "/model_info": FakeSGLangServer._model_info,
 }
