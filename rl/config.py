@@ -71,13 +71,33 @@ class LayoutConfig(Struct, frozen=True, kw_only=True):
     """First HTTP port of the learner ranks (rank r listens on port_base + r); 0 = pick free."""
 
 
+class SGLangLaunch(Struct, frozen=True, kw_only=True):
+    """The SGLang servers a run starts itself (engine.kind=sglang without engine.urls): one per
+    learner GPU, colocated with its rank, serving the run's initial model; stopped with the run."""
+
+    mem_fraction_static: float = 0.4
+    """`--mem-fraction-static`: the server's share of its GPU (the learner rank needs the rest)."""
+    extra_args: tuple[str, ...] = ("--dtype", "bfloat16", "--grammar-backend", "none")
+    """Further launch_server flags (the launcher adds its own: tokenizer off, memory saver, an
+    attention backend where FA3 is missing)."""
+    pythonpath: str = ""
+    """Where sglang is installed, for the servers only; "" takes CUDA_AGENT_SGLANG_PYTHONPATH, else
+    the trainer's own packages."""
+    startup_timeout_s: float = 1200.0
+    """Bound on a server's start until it generates."""
+    module: str = "sglang.launch_server"
+    """Module run with `python -m` (tests name a fake)."""
+
+
 class EngineSection(Struct, frozen=True, kw_only=True):
     """Where rollouts are generated: the embedded engine in each learner rank, or SGLang."""
 
     kind: Literal["embedded", "sglang"] = "embedded"
-    """`embedded` (default, no server needed) or `sglang` (give urls)."""
+    """`embedded` (default, no server needed) or `sglang` (`urls`, or servers the run starts)."""
     urls: tuple[str, ...] = ()
-    """SGLang server URLs when kind is sglang."""
+    """SGLang server URLs when kind is sglang; none: the run starts one per learner GPU (`sglang`)."""
+    sglang: SGLangLaunch = SGLangLaunch()
+    """The servers the run starts when kind is sglang and `urls` is empty."""
     embedded: EmbeddedEngineConfig = EmbeddedEngineConfig()
     """The embedded engine of each rank."""
     family: str = "hermes"

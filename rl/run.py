@@ -21,7 +21,9 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import socket
 import tempfile
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -38,7 +40,7 @@ from agentcore.orchestrator import Orchestrator, Resources, WorkItem, collect
 from agentcore.rollout import RolloutConfig, RolloutRunner, first_messages
 from agentcore.sandbox import Sandbox
 from agentcore.session import WorkspaceTools
-from agentcore.sglang import Router, SGLangClient, SGLangClientConfig
+from agentcore.sglang import Router, SGLangClient, SGLangClientConfig, SGLangServer, SGLangServerConfig
 from agentcore.store import TrajectoryStore
 from agentcore.tiny_tokenizer import build_tiny_tokenizer, load_tokenizer
 from agentcore.toolparse import tool_schemas
@@ -146,12 +148,13 @@ async def open_run(cfg: TrainConfig) -> AsyncIterator[Run]:
     cfg = msgspec.structs.replace(cfg, data=msgspec.structs.replace(cfg.data, tokenizer=tokenizer_dir))
     tokenizer = load_tokenizer(tokenizer_dir)
     _check_vocab(cfg, len(tokenizer))
-    _check_weight_sync(cfg)
-    save_config(cfg, run_dir)  # the ranks read it; also the record of the run
-    if cfg.data.tasks == "families":  # which tasks were trained on and which held out
-        families.write_manifest(run_dir, families.split_for(cfg.data))
     renderer = ChatRenderer(tokenizer, tool_schemas(), cfg.engine.family)
     async with AsyncExitStack() as stack:
+        cfg = await _launch_servers(cfg, run_dir, stack)
+        _check_weight_sync(cfg)
+        save_config(cfg, run_dir)  # the ranks read it (the servers' urls too); also the record of the run
+        if cfg.data.tasks == "families":  # which tasks were trained on and which held out
+            families.write_manifest(run_dir, families.split_for(cfg.data))
         env, scorer, stats = await _kernel_env(cfg, stack)
         learner = await stack.enter_async_context(LearnerGroup(cfg, run_dir))
         engine, clients = await _engine(cfg, learner, stack)
@@ -167,6 +170,52 @@ def _workspaces(stack: AsyncExitStack) -> Path:
     path.chmod(0o711)
     stack.callback(shutil.rmtree, path, ignore_errors=True)
     return path
+
+
+async def _launch_servers(cfg: TrainConfig, run_dir: Path, stack: AsyncExitStack) -> TrainConfig:
+    """engine.kind=sglang without urls: start one SGLang server per learner GPU (at once), each
+    stopped when the run closes, and return the config with their urls. A server serves the
+    run's model directory, or the random-init model's config with dummy weights: the learner's
+    first sync sends the real ones either way."""
+    if cfg.engine.kind != "sglang" or cfg.engine.urls:
+        return cfg
+    launch = cfg.engine.sglang
+    if cfg.model.path:
+        model, load = str(resolve_model(cfg.model.path)), ()
+    else:
+        model, load = _config_only_model(cfg, run_dir / "sglang" / "model"), ("--load-format", "dummy")
+    where = launch.pythonpath or os.environ.get("CUDA_AGENT_SGLANG_PYTHONPATH", "")
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (where, os.environ.get("PYTHONPATH", "")) if p)}
+    servers = [SGLangServer(SGLangServerConfig(
+        model_path=model, port=_free_port(), base_gpu_id=gpu, mem_fraction_static=launch.mem_fraction_static,
+        module=launch.module, env=env, log_path=str(run_dir / "sglang" / f"server_gpu{gpu}.log"),
+        startup_timeout_s=launch.startup_timeout_s, extra_args=(*launch.extra_args, *load),
+    )) for gpu in (cfg.layout.learner_gpus or (0,))]  # fmt: skip
+    (run_dir / "sglang").mkdir(parents=True, exist_ok=True)
+    for server in servers:
+        stack.push_async_callback(server.stop)
+    log.info("starting %d SGLang server(s) of %s", len(servers), model)
+    async with anyio.create_task_group() as tg:
+        for server in servers:
+            tg.start_soon(server.start)
+    urls = tuple(server.base_url for server in servers)
+    log.info("SGLang server(s) up: %s", ", ".join(urls))
+    return msgspec.structs.replace(cfg, engine=msgspec.structs.replace(cfg.engine, urls=urls))
+
+
+def _config_only_model(cfg: TrainConfig, out: Path) -> str:
+    """A directory with the random-init model's config.json alone (for `--load-format dummy`)."""
+    from transformers import AutoConfig
+
+    fields = dict(cfg.model.hf_config or {})
+    AutoConfig.for_model(fields.pop("model_type", "qwen2"), **fields).save_pretrained(out)
+    return str(out)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _check_weight_sync(cfg: TrainConfig) -> None:

@@ -4,7 +4,7 @@
     cuda-agent train --recipe single_gpu --stage rft --set model.path=/models/qwen --set steps.rft=50
     cuda-agent train --recipe node_8gpu --out runs/r1 --resume
     cuda-agent train --recipe single_gpu --set engine.kind=sglang --set weight_sync.mode=sglang_tensor
-        --set 'engine.urls=["http://127.0.0.1:30000"]'          (one server per learner GPU)
+        (the run starts an SGLang server per learner GPU; or give them: --set 'engine.urls=[...]')
 
 With SGLang servers, `weight_sync.mode=sglang_tensor` has learner rank r push each update to
 `engine.urls[r]` (colocated on its GPU: CUDA IPC handles, no copy through the host);

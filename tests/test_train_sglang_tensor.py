@@ -307,6 +307,27 @@ async def test_a_dead_server_is_named_and_its_failed_continue_does_not_hide_why(
     assert f"weight sync of version 3 to {url}" in message and "/pause_generation" in message
 
 
+async def test_without_urls_the_run_starts_a_server_per_learner_gpu_and_stops_it(tmp_path):
+    """The issue's command line: engine.kind=sglang and weight_sync.mode=sglang_tensor, no urls.
+    The fake launcher stands in for `python -m sglang.launch_server` (a real subprocess)."""
+    repo = str(Path(__file__).resolve().parents[1])
+    cfg = apply_overrides(smoke_cpu(), [
+        f"run_dir={tmp_path / 'run'}", "stage=ppo", "steps.ppo=1", "checkpoint.export_hf=false",
+        "engine.kind=sglang", "weight_sync.mode=sglang_tensor", "engine.sglang.module=tests.fakes.fake_sglang_launch",
+        f"engine.sglang.pythonpath={repo}", "engine.sglang.startup_timeout_s=60",
+    ])  # fmt: skip
+    with anyio.fail_after(BOUND_S):
+        rows = await run_training(cfg)
+    assert [r["stage"] for r in rows] == ["ppo"]
+    saved = orjson.loads((tmp_path / "run" / "config.json").read_bytes())
+    (url,) = saved["engine"]["urls"]  # the ranks found their server here
+    log = (tmp_path / "run" / "sglang" / "server_gpu0.log").read_text()
+    assert "'--load-format', 'dummy'" in log and "'--dtype', 'bfloat16'" in log, log[-2000:]
+    assert (tmp_path / "run" / "sglang" / "model" / "config.json").is_file()  # random init: the config alone
+    async with SGLangClient(SGLangClientConfig(base_url=url, max_retries=0)) as client:
+        assert not await client.health_generate()  # stopped with the run
+
+
 def test_tensor_sync_needs_exactly_one_colocated_server_per_learner_rank():
     from rl.run import _check_weight_sync
 

@@ -17,6 +17,7 @@ are accepted and ignored. `--fake-*` flags script misbehaviour:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -70,8 +71,10 @@ def _should_crash(args: argparse.Namespace) -> bool:
 
 async def _serve(args: argparse.Namespace) -> None:
     await anyio.sleep(args.fake_startup_delay_s)
+    config = os.path.join(args.model_path, "config.json")  # a model directory bounds the tokens
+    vocab = json.loads(open(config).read()).get("vocab_size") if os.path.isfile(config) else None
     async with FakeSGLangServer(
-        host=args.host, port=args.port, model_path=args.model_path, tp_size=args.tp_size
+        host=args.host, port=args.port, model_path=args.model_path, tp_size=args.tp_size, vocab_size=vocab
     ):
         _log(f"The server is fired up and ready to roll! (port {args.port}, pid {os.getpid()})")
         if _should_crash(args):

@@ -83,11 +83,13 @@ class FakeSGLangServer:
         tp_size: int = 1,
         policy: Callable[[list[int]], list[int]] | None = None,
         pause_abort_window_s: float = 0.25,
+        vocab_size: int | None = None,
     ) -> None:
         self.host, self.port = host, port
         # A policy maps the prompt to the whole continuation (a scripted agent); without one the
         # fake emits its deterministic token chain.
         self.policy = policy
+        self.vocab_size = vocab_size  # tokens of the chain stay below it, as a model's would
         self.latency_s = latency_s
         self.token_latency_s = token_latency_s
         self.model_path, self.tp_size = model_path, tp_size
@@ -276,7 +278,7 @@ class FakeSGLangServer:
                     await run.aborted.wait()
                 if run.aborted.is_set():
                     continue
-            last = next_token(last)
+            last = next_token(last) if self.vocab_size is None else next_token(last) % self.vocab_size
             tokens.append(last)
             if last in stops:
                 return tokens, "stop"
