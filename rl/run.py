@@ -21,9 +21,7 @@ Example:
 from __future__ import annotations
 
 import logging
-import os
 import shutil
-import socket
 import tempfile
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -40,7 +38,7 @@ from agentcore.orchestrator import Orchestrator, Resources, WorkItem, collect
 from agentcore.rollout import RolloutConfig, RolloutRunner, first_messages
 from agentcore.sandbox import Sandbox
 from agentcore.session import WorkspaceTools
-from agentcore.sglang import Router, SGLangClient, SGLangClientConfig, SGLangServer, SGLangServerConfig
+from agentcore.sglang import Router, SGLangClient, SGLangClientConfig, SGLangServer
 from agentcore.store import TrajectoryStore
 from agentcore.tiny_tokenizer import build_tiny_tokenizer, load_tokenizer
 from agentcore.toolparse import tool_schemas
@@ -184,13 +182,8 @@ async def _launch_servers(cfg: TrainConfig, run_dir: Path, stack: AsyncExitStack
         model, load = str(resolve_model(cfg.model.path)), ()
     else:
         model, load = _config_only_model(cfg, run_dir / "sglang" / "model"), ("--load-format", "dummy")
-    where = launch.pythonpath or os.environ.get("CUDA_AGENT_SGLANG_PYTHONPATH", "")
-    env = {"PYTHONPATH": os.pathsep.join(p for p in (where, os.environ.get("PYTHONPATH", "")) if p)}
-    servers = [SGLangServer(SGLangServerConfig(
-        model_path=model, port=_free_port(), base_gpu_id=gpu, mem_fraction_static=launch.mem_fraction_static,
-        module=launch.module, env=env, log_path=str(run_dir / "sglang" / f"server_gpu{gpu}.log"),
-        startup_timeout_s=launch.startup_timeout_s, extra_args=(*launch.extra_args, *load),
-    )) for gpu in (cfg.layout.learner_gpus or (0,))]  # fmt: skip
+    servers = [SGLangServer(launch.server(model, gpu, str(run_dir / "sglang" / f"server_gpu{gpu}.log"), load))
+               for gpu in (cfg.layout.learner_gpus or (0,))]
     (run_dir / "sglang").mkdir(parents=True, exist_ok=True)
     for server in servers:
         stack.push_async_callback(server.stop)
@@ -210,12 +203,6 @@ def _config_only_model(cfg: TrainConfig, out: Path) -> str:
     fields = dict(cfg.model.hf_config or {})
     AutoConfig.for_model(fields.pop("model_type", "qwen2"), **fields).save_pretrained(out)
     return str(out)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _check_weight_sync(cfg: TrainConfig) -> None:

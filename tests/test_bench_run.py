@@ -433,6 +433,22 @@ async def test_sglang_engine_run_sends_fixed_sampling_and_recorded_seeds(tmp_pat
     assert all(r.source == fake.url for r in records)
 
 
+async def test_sglang_without_a_url_serves_the_model_on_a_server_the_bench_starts(tmp_path, tiny_hf_dir):
+    from agentcore.sglang import SGLangClient, SGLangClientConfig
+    from rl.config import SGLangLaunch
+
+    launch = SGLangLaunch(module="tests.fakes.fake_sglang_launch", pythonpath=str(REPO), startup_timeout_s=60)
+    config = fake_config(tmp_path, engine="sglang", model_path=str(tiny_hf_dir), replay_paths=(), problem_ids=(19,),
+                         max_turns=2, max_new_tokens=16, sglang=launch)
+    records = await run_benchmark(config)
+    assert [r.problem_id for r in records] == [19]
+    log = (tmp_path / "out" / "sglang.log").read_text()
+    assert f"'model_path': '{tiny_hf_dir}'" in log and "base_gpu_id': 0" in log
+    url = records[0].source
+    async with SGLangClient(SGLangClientConfig(base_url=url, max_retries=0)) as client:
+        assert not await client.health_generate()  # stopped with the run
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--engine", "sglang", "--url", "localhost:30000"], "is not a server URL"),
     (["--engine", "sglang", "--url", "http://127.0.0.1:1", "--tokenizer", "/no/such/dir"], "no such directory"),

@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redo", default="", metavar="L/ID,...",
                    help="judge these problems again although OUT has their records, e.g. 1/6,3/28 (once, not on a resume)")
     p.add_argument("--engine", choices=["local", "sglang", "replay"], help="default: replay with --replay, else local")
-    p.add_argument("--model", default="", help="HF model directory or a named model (smollm2-135m) (local engine; default tokenizer)")
+    p.add_argument("--model", default="", help="HF model directory or a named model (smollm2-135m): the local engine's, or the one an SGLang server the bench starts serves (--engine sglang without --url); the default tokenizer")
     p.add_argument("--url", action="append", default=[], help="SGLang server URL (repeatable)")
     p.add_argument("--tokenizer", default="", help="tokenizer directory (default: --model)")
     p.add_argument("--family", default="hermes", help="tool-call format: hermes, qwen3_coder")
@@ -141,8 +141,8 @@ def _check(p: argparse.ArgumentParser, config) -> None:
         p.error("--engine replay needs --replay PATH or --wrappers")
     if config.engine == "local" and not config.model_path:
         p.error("--engine local needs --model HF_DIR")
-    if config.engine == "sglang" and not config.urls:
-        p.error("--engine sglang needs --url")
+    if config.engine == "sglang" and not (config.urls or config.model_path):
+        p.error("--engine sglang needs --url, or --model for a server the bench starts")
     if config.engine == "sglang" and not (config.tokenizer or config.model_path):
         p.error("--engine sglang needs --tokenizer (the servers run with --skip-tokenizer-init)")
     if config.recheck_baselines and config.env == "fake":

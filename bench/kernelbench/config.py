@@ -17,6 +17,7 @@ from typing import Literal
 from msgspec import Struct
 
 from bench.kernelbench.problems import Problem
+from rl.config import SGLangLaunch
 
 
 class BenchConfig(Struct, frozen=True, kw_only=True):
@@ -33,7 +34,8 @@ class BenchConfig(Struct, frozen=True, kw_only=True):
     records and trajectories are set aside (`records.redone.jsonl`, `trajectories.redone.jsonl`)
     before the run (after an evaluator change). Give it once: a resume with it judges them anew."""
     engine: Literal["local", "sglang", "replay"] = "local"
-    """local: the embedded engine on `model_path`; sglang: servers at `urls`; replay: solutions."""
+    """local: the embedded engine on `model_path`; sglang: servers at `urls`, or one the bench starts
+    on `model_path`; replay: solutions."""
     model_path: str = ""
     """HF model directory (local engine; also the default tokenizer)."""
     urls: tuple[str, ...] = ()
@@ -77,7 +79,9 @@ class BenchConfig(Struct, frozen=True, kw_only=True):
     """GPU worker processes per GPU (`rewards.env.EnvConfig.lanes_per_gpu`): verifications share
     a GPU, profiling has it alone."""
     engine_device: str = "auto"
-    """Device of the local engine: auto, cuda, cuda:1, cpu."""
+    """Device of the local engine, or of the SGLang server the bench starts: auto, cuda, cuda:1, cpu."""
+    sglang: SGLangLaunch = SGLangLaunch(mem_fraction_static=0.5)
+    """engine sglang without urls: the server the bench starts on `model_path` (stopped at the end)."""
     env: Literal["real", "fake"] = "real"
     """Kernel environment: real (nvcc + GPU queue) or the fake one (a CPU plumbing check: it
     compiles and runs nothing, so its records are no result); an out_dir holds runs of one env."""

@@ -249,9 +249,8 @@ async def _open_engine(config: BenchConfig, renderer: ChatRenderer, work: _Plan,
     if config.engine == "sglang":
         from agentcore.sglang import Router, SGLangClient, SGLangClientConfig
 
-        if not config.urls:
-            raise ValueError("engine sglang needs urls")
-        clients = [await stack.enter_async_context(SGLangClient(SGLangClientConfig(base_url=u))) for u in config.urls]
+        urls = list(config.urls) or [await _start_server(config, stack)]
+        clients = [await stack.enter_async_context(SGLangClient(SGLangClientConfig(base_url=u))) for u in urls]
         if len(clients) == 1:
             return clients[0], []
         router = Router(clients)
@@ -263,6 +262,21 @@ async def _open_engine(config: BenchConfig, renderer: ChatRenderer, work: _Plan,
     engine_config = EmbeddedEngineConfig(device=config.engine_device, max_context_tokens=config.max_context_tokens)
     engine = await anyio.to_thread.run_sync(EmbeddedEngine.from_pretrained, config.model_path, engine_config)
     return await stack.enter_async_context(engine.running()), []
+
+
+async def _start_server(config: BenchConfig, stack: AsyncExitStack) -> str:
+    """An SGLang server on `model_path` for the run (`config.sglang`), stopped with it; its url."""
+    from agentcore.sglang import SGLangServer
+
+    if not config.model_path:
+        raise ValueError("engine sglang needs urls or a model_path to serve")
+    device = config.engine_device
+    gpu = int(device.split(":")[1]) if device.startswith("cuda:") else 0
+    log_path = str(Path(config.out_dir) / "sglang.log")
+    server = SGLangServer(config.sglang.server(str(resolve_model(config.model_path)), gpu, log_path))
+    log.info("starting SGLang on %s (GPU %d; log %s)", config.model_path, gpu, log_path)
+    await stack.enter_async_context(server)
+    return server.base_url
 
 
 async def _open_env(config: BenchConfig, stack: AsyncExitStack) -> tuple[KernelEnv, Evaluator]:
