@@ -13,8 +13,6 @@ Example:
 
 from __future__ import annotations
 
-import os
-import socket
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,7 +23,7 @@ from msgspec import Struct
 from agentcore.orchestrator import OrchestratorConfig
 from agentcore.rollout import RolloutConfig
 from agentcore.sandbox import SandboxConfig
-from agentcore.sglang import SGLangServerConfig
+from agentcore.sglang import SGLangLaunch
 from rewards.env import EnvConfig
 from rl.engine.embedded import EmbeddedEngineConfig
 from rl.learner.models import ModelConfig
@@ -72,41 +70,6 @@ class LayoutConfig(Struct, frozen=True, kw_only=True):
     """Run the learner on CPU (gloo) - tests and the CPU smoke variant."""
     port_base: int = 0
     """First HTTP port of the learner ranks (rank r listens on port_base + r); 0 = pick free."""
-
-
-class SGLangLaunch(Struct, frozen=True, kw_only=True):
-    """The SGLang servers a run starts itself (engine.kind=sglang without engine.urls): one per
-    learner GPU, colocated with its rank, serving the run's initial model; stopped with the run."""
-
-    mem_fraction_static: float = 0.4
-    """`--mem-fraction-static`: the server's share of its GPU (the learner rank needs the rest)."""
-    extra_args: tuple[str, ...] = ("--dtype", "bfloat16", "--grammar-backend", "none")
-    """Further launch_server flags (the launcher adds its own: tokenizer off, memory saver, an
-    attention backend where FA3 is missing)."""
-    pythonpath: str = ""
-    """Where sglang is installed, for the servers only; "" takes CUDA_AGENT_SGLANG_PYTHONPATH, else
-    the trainer's own packages."""
-    startup_timeout_s: float = 1200.0
-    """Bound on a server's start until it generates."""
-    module: str = "sglang.launch_server"
-    """Module run with `python -m` (tests name a fake)."""
-
-    def server(self, model_path: str, gpu: int, log_path: str, extra_args: tuple[str, ...] = ()) -> SGLangServerConfig:
-        """The launcher's config of one such server on `gpu`, on a free port."""
-        where = self.pythonpath or os.environ.get("CUDA_AGENT_SGLANG_PYTHONPATH", "")
-        env = {"PYTHONPATH": os.pathsep.join(p for p in (where, os.environ.get("PYTHONPATH", "")) if p)}
-        return SGLangServerConfig(
-            model_path=model_path, port=free_port(), base_gpu_id=gpu, mem_fraction_static=self.mem_fraction_static,
-            module=self.module, env=env, log_path=log_path, startup_timeout_s=self.startup_timeout_s,
-            extra_args=(*self.extra_args, *extra_args),
-        )
-
-
-def free_port() -> int:
-    """A TCP port free on loopback now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class EngineSection(Struct, frozen=True, kw_only=True):

@@ -435,7 +435,7 @@ async def test_sglang_engine_run_sends_fixed_sampling_and_recorded_seeds(tmp_pat
 
 async def test_sglang_without_a_url_serves_the_model_on_a_server_the_bench_starts(tmp_path, tiny_hf_dir):
     from agentcore.sglang import SGLangClient, SGLangClientConfig
-    from rl.config import SGLangLaunch
+    from agentcore.sglang import SGLangLaunch
 
     launch = SGLangLaunch(module="tests.fakes.fake_sglang_launch", pythonpath=str(REPO), startup_timeout_s=60)
     config = fake_config(tmp_path, engine="sglang", model_path=str(tiny_hf_dir), replay_paths=(), problem_ids=(19,),

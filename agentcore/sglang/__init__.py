@@ -24,9 +24,11 @@ from agentcore.sglang.client import (
 )
 from agentcore.sglang.launcher import (
     ServerStatistics,
+    SGLangLaunch,
     SGLangServer,
     SGLangServerConfig,
     SGLangServerError,
+    free_port,
 )
 from agentcore.sglang.router import Router, RouterConfig, RouterStatistics
 from agentcore.sglang.wire import parse_weight_version, rid_prefix
@@ -39,6 +41,7 @@ __all__ = [
     "RouterStatistics",
     "SGLangClient",
     "SGLangClientConfig",
+    "SGLangLaunch",
     "SGLangServer",
     "SGLangServerConfig",
     "SGLangServerError",
@@ -46,6 +49,7 @@ __all__ = [
     "ServerStatistics",
     "WeightUpdateError",
     "WeightUpdateResult",
+    "free_port",
     "parse_weight_version",
     "rid_prefix",
 ]

@@ -85,6 +85,42 @@ class SGLangServerConfig(Struct, frozen=True, kw_only=True):
     """How much of the log an error message quotes."""
 
 
+class SGLangLaunch(Struct, frozen=True, kw_only=True):
+    """How a training run or a benchmark starts SGLang servers of its own (when it was given no
+    urls): the settings every such server shares; `server()` makes one server's config."""
+
+    mem_fraction_static: float = 0.4
+    """`--mem-fraction-static`: the server's share of its GPU (a learner rank or the verification
+    queue needs the rest)."""
+    extra_args: tuple[str, ...] = ("--dtype", "bfloat16", "--grammar-backend", "none")
+    """Further launch_server flags (the launcher adds its own: tokenizer off, memory saver, an
+    attention backend where FA3 is missing)."""
+    pythonpath: str = ""
+    """Where sglang is installed, for the servers only; "" takes CUDA_AGENT_SGLANG_PYTHONPATH, else
+    the trainer's own packages."""
+    startup_timeout_s: float = 1200.0
+    """Bound on a server's start until it generates."""
+    module: str = "sglang.launch_server"
+    """Module run with `python -m` (tests name a fake)."""
+
+    def server(self, model_path: str, gpu: int, log_path: str, extra_args: tuple[str, ...] = ()) -> SGLangServerConfig:
+        """The launcher's config of one such server on `gpu`, on a free port."""
+        where = self.pythonpath or os.environ.get("CUDA_AGENT_SGLANG_PYTHONPATH", "")
+        env = {"PYTHONPATH": os.pathsep.join(p for p in (where, os.environ.get("PYTHONPATH", "")) if p)}
+        return SGLangServerConfig(
+            model_path=model_path, port=free_port(), base_gpu_id=gpu, mem_fraction_static=self.mem_fraction_static,
+            module=self.module, env=env, log_path=log_path, startup_timeout_s=self.startup_timeout_s,
+            extra_args=(*self.extra_args, *extra_args),
+        )
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class ServerStatistics(Struct, frozen=True, kw_only=True):
     """Process state and counters since the object was made."""
 

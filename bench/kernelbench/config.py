@@ -16,8 +16,8 @@ from typing import Literal
 
 from msgspec import Struct
 
+from agentcore.sglang.launcher import SGLangLaunch
 from bench.kernelbench.problems import Problem
-from rl.config import SGLangLaunch
 
 
 class BenchConfig(Struct, frozen=True, kw_only=True):

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import socket
 import statistics
 import sys
 import tempfile
@@ -46,7 +45,7 @@ import orjson
 import torch
 
 from agentcore.engine import SamplingParams
-from agentcore.sglang import SGLangClient, SGLangClientConfig, SGLangServer, SGLangServerConfig
+from agentcore.sglang import SGLangClient, SGLangClientConfig, SGLangServer, SGLangServerConfig, free_port
 from rl.config import EngineSection, TrainConfig
 from rl.engine.embedded import EmbeddedEngineConfig
 from rl.learner.actor_critic import Learner
@@ -69,12 +68,6 @@ class Load(msgspec.Struct, frozen=True, kw_only=True):
     concurrency: tuple[int, ...] = (1, 64)
     ttft_requests: int = 10
     syncs: int = 3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def device_free_bytes() -> int | None:
