@@ -45,7 +45,7 @@ import orjson
 import torch
 
 from agentcore.engine import SamplingParams
-from agentcore.sglang import SGLangClient, SGLangClientConfig, SGLangServer, SGLangServerConfig, free_port
+from agentcore.sglang import SGLangClient, SGLangClientConfig, SGLangLaunch, SGLangServer, free_port
 from rl.config import EngineSection, TrainConfig
 from rl.engine.embedded import EmbeddedEngineConfig
 from rl.learner.actor_critic import Learner
@@ -177,10 +177,10 @@ async def measure_embedded(model_dir: str, vocab: int, load: Load, dist: Dist) -
 
 
 async def measure_sglang(model_dir: str, vocab: int, load: Load, dist: Dist, args: argparse.Namespace) -> dict[str, Any]:
-    env = {"PYTHONPATH": os.pathsep.join(p for p in (args.sglang_pythonpath, os.environ.get("PYTHONPATH", "")) if p)}
-    server_cfg = SGLangServerConfig(model_path=model_dir, port=free_port(), mem_fraction_static=args.mem_fraction,
-                                    module=args.sglang_module, env=env, log_path=str(Path(args.out) / "sglang.log"),
-                                    extra_args=tuple(args.sglang_args.split()) if args.sglang_args else SGLANG_ARGS)
+    launch = SGLangLaunch(mem_fraction_static=args.mem_fraction, pythonpath=args.sglang_pythonpath,
+                          module=args.sglang_module,
+                          extra_args=tuple(args.sglang_args.split()) if args.sglang_args else SGLANG_ARGS)
+    server_cfg = launch.server(model_dir, 0, str(Path(args.out) / "sglang.log"))
     t0 = time.perf_counter()
     async with SGLangServer(server_cfg) as server:
         started = time.perf_counter() - t0
