@@ -170,7 +170,9 @@ async def train(run: Run) -> list[dict]:
                          stage.end - stage.first, stages.brief(row))
                 if (step + 1) % cfg.checkpoint.every_steps == 0 or step + 1 == stage.end:
                     await stages.save_checkpoint(run, step + 1, stage.name)
-            if stage.name in heldout.AFTER and start < stage.end:
+            # `<=`: the checkpoint at a stage's end comes before its evaluation, so a run stopped
+            # during that evaluation resumes at the stage's end and must do it (done labels are skipped)
+            if stage.name in heldout.AFTER and start <= stage.end:
                 following = plan[k + 1] if k + 1 < len(plan) else None
                 early = await heldout_alongside(run, tasks, f"after_{stage.name}", following, version)
         await run.learner.wait_saved()  # the last checkpoint is committed (and exported) when train returns

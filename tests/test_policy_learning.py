@@ -101,6 +101,37 @@ def test_a_seed_copies_the_finished_demonstrations_of_another_seed_with_the_same
 
 
 @pytest.mark.slow
+def test_a_run_stopped_in_a_held_out_evaluation_does_it_when_resumed(tmp_path: Path):
+    """The checkpoint at a stage's end is written before the stage's held-out evaluation: a run
+    stopped during it resumes at the stage's end, and must still evaluate."""
+    import shutil
+
+    from bench.system.policy_learning import _train, base_config
+
+    ppo, _ = seed_configs(base_config("tiny", cpu=True), tmp_path, 0, [])
+    run = Path(ppo.run_dir)
+    _train(ppo)
+    assert [r.label for r in read_rows(run)] == ["before_rft", "after_rft", "after_ppo"]
+
+    def keep_rows(labels: set[str]) -> None:
+        lines = (run / "heldout.jsonl").read_bytes().splitlines()
+        (run / "heldout.jsonl").write_bytes(b"".join(x + b"\n" for x in lines if orjson.loads(x)["label"] in labels))
+
+    keep_rows({"before_rft", "after_rft"})  # stopped during after_ppo, its checkpoint written
+    _train(ppo)
+    assert [r.label for r in read_rows(run)] == ["before_rft", "after_rft", "after_ppo"]
+
+    rft_end = f"step_{ppo.steps.rft:06d}"  # stopped during after_rft: latest is the rft stage's end
+    for ckpt in (run / "ckpt").glob("step_*"):
+        if ckpt.name > rft_end:
+            shutil.rmtree(ckpt)
+    (run / "ckpt" / "latest").write_text(rft_end)
+    keep_rows({"before_rft"})
+    _train(ppo)
+    assert [r.label for r in read_rows(run)] == ["before_rft", "after_rft", "after_ppo"]
+
+
+@pytest.mark.slow
 def test_one_seed_of_plumbing_on_the_cpu(tmp_path: Path):
     cpu = apply_overrides(smoke_cpu(), CPU_FAMILIES)
     assert cpu.data.heldout and cpu.data.tasks == "families"
