@@ -39,6 +39,7 @@ import msgspec
 import orjson
 import torch
 from msgspec import Struct
+from torch.nn.attention import sdpa_kernel
 
 from agentcore.chat import ChatRenderer
 from agentcore.kernel_env import FakeKernelEnv
@@ -51,7 +52,8 @@ from agentcore.types import Task, Trajectory, WriteFile
 from rl.config import apply_overrides
 from rl.data import families as fam
 from rl.demonstrations import DemoTask, demo_engine
-from rl.learner.models import ModelConfig, build_actor
+from rl.engine.runner import SDPA_BACKENDS
+from rl.learner.models import ModelConfig, build_actor, place_model
 from rl.learner.update import PPOConfig, sft_step
 from rl.pretrained import resolve_model
 from rl.recipes import smoke
@@ -247,6 +249,15 @@ def greedy_write_turns(lm, trajs: list[Trajectory], stop_ids: tuple[int, ...], *
     context before its write turn: the teacher's tokens up to the first position where the argmax
     differs, then generated."""
     device = next(lm.parameters()).device
+    if device.type == "cuda":  # as the engine decodes: cuDNN's SDPA plans anew for every KV length
+        with sdpa_kernel(SDPA_BACKENDS):
+            return _greedy_write_turns(lm, trajs, stop_ids, slack=slack, batch=batch)
+    return _greedy_write_turns(lm, trajs, stop_ids, slack=slack, batch=batch)
+
+
+def _greedy_write_turns(lm, trajs: list[Trajectory], stop_ids: tuple[int, ...], *, slack: int,
+                        batch: int) -> list[tuple[list[int], int | None]]:
+    device = next(lm.parameters()).device
     out: list[tuple[list[int], int | None]] = []
     pending = []
     for t in trajs:
@@ -299,7 +310,8 @@ def probe(*, teachers: int, steps: int, lr: float, batch: int = 16, schedule: st
     losses = train(actor, samples, steps=steps, lr=lr, batch=batch, schedule=schedule, device=device,
                    token_budget=token_budget)
     trained_s = time.perf_counter() - t0
-    lm = copy.deepcopy(actor.lm).to(torch.bfloat16).eval()  # the engine's dtype; bf16 matmuls are fast on CPUs too
+    # the engine's placement: bf16 weights, fp32 RoPE buffers (bf16 matmuls are fast on CPUs too)
+    lm = place_model(copy.deepcopy(actor.lm), torch.device(device), torch.bfloat16).eval()
     del actor
     trajs = teacher_trajectories(heldout, renderer)
     verdicts = []

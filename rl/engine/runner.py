@@ -32,7 +32,8 @@ from rl.engine.batch import sample
 from rl.engine.config import EmbeddedEngineConfig
 from rl.learner.models import place_model
 
-_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+"""SDPA backends of decoding (`EmbeddedEngineConfig.avoid_cudnn_attention`): all but cuDNN's."""
 
 
 class ModelRunner:
@@ -63,7 +64,7 @@ class ModelRunner:
         extra[self.cache_kwarg] = cache
         backends = contextlib.nullcontext()
         if self.config.avoid_cudnn_attention and self.device.type == "cuda":
-            backends = sdpa_kernel(_SDPA_BACKENDS)
+            backends = sdpa_kernel(SDPA_BACKENDS)
         with backends:
             out = self.model(
                 input_ids=ids,
