@@ -29,6 +29,7 @@ engines are whole for `--resume`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
@@ -197,11 +198,26 @@ class Collection:
     batch_size: int
     seconds: float = 0.0
     """Wall time of the collection's rollouts (`time/collect_s` in the stage's first step row)."""
+    seed: int = 0
+    """Seeds each epoch's order (`data.seed`)."""
 
     def batch(self, k: int) -> list[Sample]:
-        """Batch `k` of the stage: the samples in a cycle, `batch_size` at a time."""
-        n = max(1, min(self.batch_size, len(self.samples)))
-        return [self.samples[(k * n + i) % len(self.samples)] for i in range(n)]
+        """Batch `k` of the stage: `batch_size` samples at a time, each pass over the collection
+        (epoch) in its own seeded order. Collected in task order, consecutive samples would make
+        batches of one task family. A pure function of `k`: a resumed stage sees the same batches."""
+        n, total = max(1, min(self.batch_size, len(self.samples))), len(self.samples)
+        picked = []
+        for j in range(k * n, k * n + n):
+            epoch, position = divmod(j, total)
+            picked.append(self.samples[_epoch_order(self.seed, epoch, total)[position]])
+        return picked
+
+
+@functools.lru_cache(maxsize=8)
+def _epoch_order(seed: int, epoch: int, total: int) -> tuple[int, ...]:
+    order = list(range(total))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return tuple(order)
 
 
 async def collect(run: Run, tasks: list[Task], stage: str) -> Collection:
@@ -219,7 +235,8 @@ async def collect(run: Run, tasks: list[Task], stage: str) -> Collection:
     if not samples:
         what = "no trajectory with reward > 0" if stage == "rft" else "no scored trajectory"
         raise SystemExit(f"{stage}: {what} to learn from")
-    return Collection(samples, figures, run.cfg.data.tasks_per_step * run.cfg.data.samples_per_task, seconds)
+    return Collection(samples, figures, run.cfg.data.tasks_per_step * run.cfg.data.samples_per_task, seconds,
+                      seed=run.cfg.data.seed)
 
 
 async def collect_trajectories(run: Run, tasks: list[Task], stage: str) -> list[Trajectory]:

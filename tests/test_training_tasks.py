@@ -61,3 +61,22 @@ async def test_rft_collection_rolls_out_the_policy_unless_demonstrations_suffice
     policy_call = ("rft_collect", sorted(t.task_id for t in tasks))
     assert run.calls == [("rft_demos", ["l1_1_matmul_cublas"])] + [policy_call] * policy + [
         ("value_collect", policy_call[1])]
+
+
+def test_a_collection_serves_each_epoch_in_its_own_seeded_order():
+    """Collected in task order, consecutive samples are one family's: batches mix them, every
+    sample once per epoch, the same batches for the same k (a resumed stage), other seeds differ."""
+    from rl.samples import Sample
+    from rl.stages import Collection
+
+    samples = [Sample(sample_id=f"s{i}", group_id=f"g{i // 4}", token_ids=[1, 2], action_mask=[0, 1],
+                      behaviour_logprobs=[0.0, -1.0], reward=1.0, weight_version=0) for i in range(12)]
+    c = Collection(samples, {}, batch_size=4, seed=0)
+    epoch = [s.sample_id for k in range(3) for s in c.batch(k)]
+    assert sorted(epoch) == sorted(s.sample_id for s in samples)  # each once per epoch
+    assert epoch != [s.sample_id for s in samples]  # not in collection order
+    assert len({s.group_id for s in c.batch(0)}) > 1  # one batch spans several tasks
+    assert [s.sample_id for s in c.batch(5)] == [s.sample_id for s in Collection(samples, {}, 4, seed=0).batch(5)]
+    assert [s.sample_id for s in c.batch(3)] != [s.sample_id for s in c.batch(0)]  # the next epoch reorders
+    other = [s.sample_id for k in range(3) for s in Collection(samples, {}, 4, seed=1).batch(k)]
+    assert other != epoch

@@ -226,10 +226,10 @@ def judge(task: Task, files: dict[str, str], teacher: dict[str, str]) -> tuple[b
 
 
 def train(actor, samples: list[Sample], *, steps: int, lr: float, batch: int, schedule: str, device: str,
-          token_budget: int) -> list[float]:
+          token_budget: int, seed: int = 0) -> list[float]:
     """`steps` sft steps on `samples` batched like the rft stage; the loss of each step."""
     opt = torch.optim.AdamW(actor.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    collection = Collection(samples, {}, batch)
+    collection = Collection(samples, {}, batch, seed=seed)
     losses = []
     for k in range(steps):
         for group in opt.param_groups:
@@ -308,7 +308,7 @@ def probe(*, teachers: int, steps: int, lr: float, batch: int = 16, schedule: st
           f"{steps} steps of {min(batch, len(samples))} at lr {lr:g} ({schedule})", flush=True)
     actor = build_actor(ModelConfig(path=model, gradient_checkpointing=False, attn_implementation="sdpa"), device)
     losses = train(actor, samples, steps=steps, lr=lr, batch=batch, schedule=schedule, device=device,
-                   token_budget=token_budget)
+                   token_budget=token_budget, seed=seed)
     trained_s = time.perf_counter() - t0
     # the engine's placement: bf16 weights, fp32 RoPE buffers (bf16 matmuls are fast on CPUs too)
     lm = place_model(copy.deepcopy(actor.lm), torch.device(device), torch.bfloat16).eval()
