@@ -8,6 +8,7 @@ import math
 import re
 from pathlib import Path
 
+import msgspec
 import orjson
 import pytest
 
@@ -146,6 +147,8 @@ def test_one_seed_of_plumbing_on_the_cpu(tmp_path: Path):
     assert (tmp_path / "learning.png").stat().st_size > 0
     control = read_rows(tmp_path / "seed0" / "control")
     assert [r.label for r in control] == ["before_ppo", "after_ppo"]
+    after_rft = next(r for r in read_rows(tmp_path / "seed0" / "ppo") if r.label == "after_rft")
+    assert control[0] == msgspec.structs.replace(after_rft, label="before_ppo")  # the same actor: not evaluated again
     for row in read_rows(tmp_path / "seed0" / "ppo"):  # the recipe's limits, recorded with each row
         assert (row.max_turns, row.max_new_tokens, row.temperature) == (
             cpu.rollout.max_turns, cpu.rollout.max_new_tokens, cpu.data.heldout_temperature)

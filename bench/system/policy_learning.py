@@ -48,6 +48,7 @@ from msgspec import Struct
 
 from agentcore import runtime
 from rl.config import TrainConfig, apply_overrides
+from rl.heldout import FILE as HELDOUT_FILE
 from rl.heldout import Row, read_rows
 from rl.recipes import learning, smoke_cpu
 from rl.stages import demonstrations, stage_plan
@@ -96,9 +97,19 @@ def run_seed(base: TrainConfig, out: Path, seed: int, overrides: list[str]) -> S
     share_demonstrations(ppo, out)
     for cfg in (ppo, control):
         if not any(r.label == "after_ppo" for r in read_rows(cfg.run_dir)):
-            _train(cfg)
+            _train(cfg, starting_row(ppo) if cfg is control else None)
     return SeedResult(seed=seed, ppo=_by_label(ppo.run_dir), control=_by_label(control.run_dir),
                       wall_s=time.monotonic() - t0)
+
+
+def starting_row(ppo: TrainConfig) -> Row | None:
+    """The control's `before_ppo` row, without evaluating: the control starts from the PPO run's
+    post-value checkpoint, whose actor the PPO run evaluated as `after_rft` (value trains the
+    critic alone), greedily and with the same rollout seed. None unless greedy and done."""
+    rows = {r.label: r for r in read_rows(ppo.run_dir)}
+    if "after_rft" not in rows or ppo.data.heldout_temperature != 0.0:
+        return None
+    return msgspec.structs.replace(rows["after_rft"], label="before_ppo")
 
 
 DEMOS_FILE = Path("rollouts") / "rft_demos.jsonl"
@@ -122,13 +133,17 @@ def share_demonstrations(cfg: TrainConfig, out: Path) -> Path | None:
     return None
 
 
-def _train(cfg: TrainConfig) -> None:
+def _train(cfg: TrainConfig, first_row: Row | None = None) -> None:
+    """Train `cfg` (resuming its checkpoint when there is one); a fresh run starts with
+    `first_row` in its held-out rows (a label the run then does not evaluate)."""
     run_dir = Path(cfg.run_dir)
     resume = (run_dir / "ckpt" / "latest").exists()
     mark_run(run_dir, "train", ["bench.system.learning", cfg.run_dir])
     if not resume:  # a fresh run: start from the recipe's init; else --resume semantics
-        for stale in ("metrics.jsonl", "heldout.jsonl"):
+        for stale in ("metrics.jsonl", HELDOUT_FILE):
             (run_dir / stale).unlink(missing_ok=True)
+        if first_row is not None:
+            (run_dir / HELDOUT_FILE).write_bytes(msgspec.json.encode(first_row) + b"\n")
     runtime.run(run_training, cfg)
 
 
