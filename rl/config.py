@@ -14,7 +14,7 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 import orjson
@@ -195,9 +195,13 @@ class TrainConfig(Struct, frozen=True, kw_only=True):
     seed: int = 0
 
 
-def apply_overrides(cfg: TrainConfig, overrides: list[str]) -> TrainConfig:
-    """Apply `a.b.c=value` overrides; the value is parsed as JSON when it can be, else a string.
-    Unknown keys and ill-typed values raise ValueError naming the key."""
+S = TypeVar("S", bound=Struct)
+
+
+def apply_overrides(cfg: S, overrides: list[str]) -> S:
+    """Apply `a.b.c=value` overrides to a config Struct (a TrainConfig, or any other); the value
+    is parsed as JSON when it can be, else a string. Unknown keys and ill-typed values raise
+    ValueError naming the key."""
     tree = msgspec.to_builtins(cfg)
     for item in overrides:
         key, sep, raw = item.partition("=")
@@ -213,7 +217,7 @@ def apply_overrides(cfg: TrainConfig, overrides: list[str]) -> TrainConfig:
             raise ValueError(f"override {key!r}: unknown key {leaf!r} (have: {', '.join(sorted(node))})")
         node[leaf] = _parse_value(raw)
     try:
-        return msgspec.convert(tree, TrainConfig)
+        return msgspec.convert(tree, type(cfg))
     except msgspec.ValidationError as exc:
         raise ValueError(f"bad override: {exc}") from None
 

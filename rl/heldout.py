@@ -129,9 +129,14 @@ async def evaluate(run: Run, label: str, *, version: int) -> Row | None:
         temperature=rollout.temperature,
         seconds=seconds,
     )
-    with (run.run_dir / FILE).open("ab") as f:
-        f.write(msgspec.json.encode(row) + b"\n")
+    append_row(run.run_dir, row)
     return row
+
+
+def append_row(run_dir: Path, row: Row) -> None:
+    """Add `row` to RUN/heldout.jsonl (a label found there is not evaluated again)."""
+    with (Path(run_dir) / FILE).open("ab") as f:
+        f.write(msgspec.json.encode(row) + b"\n")
 
 
 def table(rows: list[Row]) -> str:
@@ -147,4 +152,4 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["AFTER", "FILE", "Row", "enabled", "evaluate", "expected_labels", "heldout_tasks", "read_rows", "table"]
+__all__ = ["AFTER", "FILE", "Row", "append_row", "enabled", "evaluate", "expected_labels", "heldout_tasks", "read_rows", "table"]

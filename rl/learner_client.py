@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -32,7 +31,7 @@ import httpx
 from anyio.abc import Process
 
 from agentcore.lifeline import lifeline_argv
-from agentcore.sglang.launcher import port_free, terminate_group
+from agentcore.sglang.launcher import free_port, port_free, terminate_group
 from rl.config import TrainConfig
 from rl.learner.protocol import (
     INFO,
@@ -119,7 +118,7 @@ class LearnerGroup:
         args = ["-m", "rl.learner.rank", "--run-dir", str(self.run_dir), "--port-base", str(self.port_base)]
         if self.world_size == 1:
             return [sys.executable, *args]
-        master = _ephemeral_port()
+        master = free_port()
         return [
             sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={self.world_size}",
             "--master-addr=127.0.0.1", f"--master-port={master}", *args,
@@ -134,7 +133,7 @@ class LearnerGroup:
             env["CUDA_VISIBLE_DEVICES"] = learner_devices(self.cfg.layout.learner_gpus, visible)
         if self.world_size == 1:
             env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(_ephemeral_port()))
+                       MASTER_PORT=str(free_port()))
         return env
 
     async def _wait_ready(self) -> None:
@@ -248,14 +247,6 @@ def learner_devices(gpus: tuple[int, ...], visible: str | None) -> str:
     CUDA_VISIBLE_DEVICES when set (a benchmark's child pinned to one GPU, Slurm)."""
     devices = [d.strip() for d in visible.split(",")] if visible else None
     return ",".join(devices[g] if devices else str(g) for g in gpus)
-
-
-def _ephemeral_port() -> int:
-    """A free loopback port the kernel picks (the rendezvous of the ranks): processes starting at
-    the same moment, such as a benchmark's parallel runs, get different ones."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _free_port_run(n: int, start: int = 31000) -> int:

@@ -198,10 +198,9 @@ async def _launch_servers(cfg: TrainConfig, run_dir: Path, stack: AsyncExitStack
 
 def _config_only_model(cfg: TrainConfig, out: Path) -> str:
     """A directory with the random-init model's config.json alone (for `--load-format dummy`)."""
-    from transformers import AutoConfig
+    from rl.learner.models import pretrained_config  # torch and transformers: only for such a run
 
-    fields = dict(cfg.model.hf_config or {})
-    AutoConfig.for_model(fields.pop("model_type", "qwen2"), **fields).save_pretrained(out)
+    pretrained_config(cfg.model.hf_config or {}).save_pretrained(out)
     return str(out)
 
 

@@ -386,26 +386,21 @@ class SGLangClient:
     async def get_server_info(self) -> ServerInfo:
         """`/server_info`; servers older than SGLang 0.5.17 have only `/get_server_info` (which
         0.5.17 still answers, with a deprecation warning in its log at every call)."""
-        timeout_s = self.config.control_timeout_s
-        response = await self._exchange("GET", "/server_info", retry=True, timeout_s=timeout_s)
-        if response.status_code == 404:
-            response = await self._exchange("GET", "/get_server_info", retry=True, timeout_s=timeout_s)
-        raw = wire.json_object(response, self.base_url)
+        raw = await self._get_json("/server_info", "/get_server_info")
         return ServerInfo(version=str(raw.get("version", "")), raw=raw)
 
     async def get_weight_version(self) -> int:
         """The served weight version. SGLang 0.5.17 answers 404 on `/get_weight_version` and
         reports the version in `/model_info`; older servers have only the former."""
-        timeout_s = self.config.control_timeout_s
-        response = await self._exchange("GET", "/get_weight_version", retry=True, timeout_s=timeout_s)
-        if response.status_code == 404:
-            response = await self._exchange("GET", "/model_info", retry=True, timeout_s=timeout_s)
-        raw = wire.json_object(response, self.base_url)
+        raw = await self._get_json("/get_weight_version", "/model_info")
         return wire.parse_weight_version(raw.get("weight_version"))
 
-    async def _get_json(self, path: str) -> dict[str, Any]:
+    async def _get_json(self, path: str, instead: str) -> dict[str, Any]:
+        """GET `path`'s JSON object, or `instead`'s where the server has no `path` (a 404)."""
         timeout_s = self.config.control_timeout_s
         response = await self._exchange("GET", path, retry=True, timeout_s=timeout_s)
+        if response.status_code == 404:
+            response = await self._exchange("GET", instead, retry=True, timeout_s=timeout_s)
         return wire.json_object(response, self.base_url)
 
     async def _post_ok(self, path: str, body: dict[str, Any]) -> None:

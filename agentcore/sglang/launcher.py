@@ -115,7 +115,8 @@ class SGLangLaunch(Struct, frozen=True, kw_only=True):
 
 
 def free_port() -> int:
-    """A TCP port free on loopback now."""
+    """A TCP port free on loopback now, picked by the kernel: processes asking at the same moment
+    (a benchmark's parallel runs) get different ones."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

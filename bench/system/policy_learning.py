@@ -49,7 +49,7 @@ from msgspec import Struct
 from agentcore import runtime
 from rl.config import TrainConfig, apply_overrides
 from rl.heldout import FILE as HELDOUT_FILE
-from rl.heldout import Row, read_rows
+from rl.heldout import Row, append_row, read_rows
 from rl.recipes import learning, smoke_cpu
 from rl.stages import demonstrations, stage_plan
 from rl.train import mark_run, run_training
@@ -143,7 +143,7 @@ def _train(cfg: TrainConfig, first_row: Row | None = None) -> None:
         for stale in ("metrics.jsonl", HELDOUT_FILE):
             (run_dir / stale).unlink(missing_ok=True)
         if first_row is not None:
-            (run_dir / HELDOUT_FILE).write_bytes(msgspec.json.encode(first_row) + b"\n")
+            append_row(run_dir, first_row)
     runtime.run(run_training, cfg)
 
 

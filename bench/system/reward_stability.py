@@ -52,6 +52,7 @@ from rewards.timing.baselines import Baselines
 from rewards.timing.paired import PairedConfig
 from rewards.timing.profile import Profile, ProfileConfig, ProfileInfrastructureError, profile_workspace
 from rewards.verdict import Verdict, VerdictStatus
+from rl.config import apply_overrides
 from rl.data.kernelbench import default_problems_path
 from rl.demonstrations import DemoTask, demo_tasks
 
@@ -291,20 +292,12 @@ async def cost(queue: GpuQueue, s: Subject, config: EnvConfig, repeats: int, res
 
 
 def paired_config(fields: list[str], time_cap_s: float = 0.0) -> PairedConfig:
-    """PairedConfig with `FIELD=VALUE` overrides (values as JSON, else strings); a bad field or
-    value is a one-line error."""
-    values: dict = {"time_cap_s": time_cap_s} if time_cap_s else {}
-    for item in fields:
-        name, sep, text = item.partition("=")
-        if not sep or name not in PairedConfig.__struct_fields__:
-            raise SystemExit(f"--paired {item!r}: expected FIELD=VALUE with a field of PairedConfig")
-        try:
-            values[name] = json.loads(text)
-        except json.JSONDecodeError:
-            values[name] = text
+    """PairedConfig with `FIELD=VALUE` overrides (`rl.config.apply_overrides`: values as JSON,
+    else strings); a bad field or value is a one-line error."""
+    base = PairedConfig(time_cap_s=time_cap_s) if time_cap_s else PairedConfig()
     try:
-        return msgspec.convert(values, PairedConfig)
-    except (msgspec.ValidationError, ValueError) as error:
+        return apply_overrides(base, fields)
+    except ValueError as error:
         raise SystemExit(f"--paired {' '.join(fields)}: {error}") from None
 
 

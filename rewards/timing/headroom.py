@@ -12,9 +12,9 @@ the most memory one call took beyond what was allocated before it (its workspace
 temporaries); `HeadroomWatch` then samples the headroom (free device memory plus what torch's
 allocator holds unused) after the warm-ups, after every round and after the last, and
 `starved` names the first moment the headroom fell below what the baselines need (with a margin)
-when it was there before the candidate was built (less what the harness itself took since). What the headroom was short of before the
-candidate existed (another process on a shared GPU) is not the candidate's doing and is not
-flagged.
+when it was there before the candidate was built (less what the harness itself took since). What
+the headroom was short of before the candidate existed (another process on a shared GPU) is not
+the candidate's doing and is not flagged.
 
 On a GPU shared with other processes (the single-GPU layout: learner and engine beside the
 queue), memory they take during the rounds counts the same: the baselines were starved all the

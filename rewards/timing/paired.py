@@ -347,9 +347,9 @@ def paired_milestone(vs_eager: PairedSpeedup, vs_compile: PairedSpeedup, margin:
     the baselines ran short of memory beside the candidate, so no comparison is decided."""
     eager, compiled = compare(vs_eager, margin), compare(vs_compile, margin)
     if starved:
+        lost = "beaten" in (eager, compiled)
         eager = "inconclusive" if eager == "beaten" else eager
         compiled = "inconclusive" if compiled == "beaten" else compiled
-        lost = "beaten" in (compare(vs_eager, margin), compare(vs_compile, margin))
         return PairedMilestone(level=1, vs_eager=eager, vs_compile=compiled, threshold=threshold(margin),
                                inconclusive=lost, note=starved)
     if eager == "beaten":

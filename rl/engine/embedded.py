@@ -34,7 +34,7 @@ import anyio
 import msgspec
 import torch
 from torch import Tensor
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from agentcore.engine import EngineError, Generation, SamplingParams
 from agentcore.sglang.wire import finished_anyway, merge_pieces, rid_prefix
@@ -42,6 +42,7 @@ from rl.engine.batch import Batch as _Batch
 from rl.engine.batch import Request as _Request
 from rl.engine.config import EmbeddedEngineConfig, EngineStats
 from rl.engine.runner import ModelRunner, resolve_device, resolve_dtype
+from rl.learner.models import pretrained_config
 from rl.pretrained import quiet_transformers, resolve_model
 
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
@@ -131,8 +132,7 @@ class EmbeddedEngine:
     ) -> EmbeddedEngine:
         """Randomly initialise a model from a config dict (its `model_type` picks the class)."""
         quiet_transformers()
-        fields = dict(hf_config)
-        model_config = AutoConfig.for_model(fields.pop("model_type", "qwen2"), **fields)
+        model_config = pretrained_config(hf_config)
         device = resolve_device(config.device)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)

@@ -280,13 +280,20 @@ def _load_kwargs(cfg: ModelConfig, device: torch.device | str) -> dict[str, Any]
     return {"attn_implementation": attn, "dtype": getattr(torch, cfg.param_dtype)}
 
 
+def pretrained_config(hf_config: dict[str, Any]) -> Any:
+    """The transformers config of a config dict (its `model_type` picks the class; qwen2 without one)."""
+    from transformers import AutoConfig
+
+    fields = dict(hf_config)
+    return AutoConfig.for_model(fields.pop("model_type", "qwen2"), **fields)
+
+
 def _random_causal_lm(cfg: ModelConfig, kwargs: dict[str, Any]) -> nn.Module:
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     if cfg.hf_config is None:
         raise ValueError("ModelConfig needs `path` or `hf_config`")
-    fields = dict(cfg.hf_config)
-    hf_cfg = AutoConfig.for_model(fields.pop("model_type", "qwen2"), **fields)
+    hf_cfg = pretrained_config(cfg.hf_config)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         return AutoModelForCausalLM.from_config(hf_cfg, **kwargs)
