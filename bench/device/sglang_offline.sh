@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # SGLang 0.5.17 from carried parts: installs them into /tmp/sglang-site, then imports sglang, sgl_kernel, flashinfer
-# and the server's start-up modules, and runs `python -m sglang.launch_server --help`. Two calls on one warm machine:
+# and the server's start-up modules, and runs `python -m sglang.launch_server --help`. Three calls on one warm machine:
 #   run(command="bash bench/device/sglang_offline.sh", carry=[".device", ".sglang/parts/manifest.json", ".sglang/parts/sglang-offline.tar.000"])
 #   run(command="bash bench/device/sglang_offline.sh", carry=[".device", ".sglang/parts/manifest.json", ".sglang/parts/sglang-offline.tar.001"])
+#   run(command="bash bench/device/sglang_offline.sh", carry=[".device", ".sglang/parts/manifest.json", ".sglang/parts/sglang-offline.tar.002"])
 # Build the parts here first (README, "SGLang on an offline GPU machine"): a call carries at most 64 MiB with the
 # checkout, so each carries one part, which sglang_install.sh copies into /tmp/sglang-parts; /tmp stays while the
 # machine is warm (send the next call before it goes idle). Until every part of manifest.json is there, install says

@@ -5,6 +5,7 @@
 # on one warm machine (sglang_install.sh); the call that brings the last part installs and runs the tests:
 #   run(command="bash bench/device/sglang_tests.sh", kind="nvidia-h100-x2", carry=[".device", ".sglang/parts/manifest.json", ".sglang/parts/sglang-offline.tar.000"])
 #   run(command="bash bench/device/sglang_tests.sh", kind="nvidia-h100-x2", carry=[".device", ".sglang/parts/manifest.json", ".sglang/parts/sglang-offline.tar.001"])
+#   run(command="bash bench/device/sglang_tests.sh", kind="nvidia-h100-x2", carry=[".device", ".sglang/parts/manifest.json", ".sglang/parts/sglang-offline.tar.002"])
 # Two GPUs for the router test (one server on each; on one GPU it skips). Later calls on the warm machine carry
 # only ".device"; arguments replace the default test files (e.g. "tests/test_weight_sync.py -k release").
 # CUDA_AGENT_SGLANG_ARGS replaces the server flags of tests/sglang_backends.py. The tests stop before the call's

