@@ -39,7 +39,6 @@ import msgspec
 import orjson
 import torch
 from msgspec import Struct
-from torch.nn.attention import sdpa_kernel
 
 from agentcore.chat import ChatRenderer
 from agentcore.kernel_env import FakeKernelEnv
@@ -52,7 +51,7 @@ from agentcore.types import Task, Trajectory, WriteFile
 from rl.config import apply_overrides
 from rl.data import families as fam
 from rl.demonstrations import DemoTask, demo_engine
-from rl.engine.runner import SDPA_BACKENDS
+from rl.engine.runner import decoding_attention
 from rl.learner.models import ModelConfig, build_actor, place_model
 from rl.learner.update import PPOConfig, sft_step
 from rl.pretrained import resolve_model
@@ -248,11 +247,8 @@ def greedy_write_turns(lm, trajs: list[Trajectory], stop_ids: tuple[int, ...], *
     """(write-turn ids, first diverging token or None) of greedy decoding from each trajectory's
     context before its write turn: the teacher's tokens up to the first position where the argmax
     differs, then generated."""
-    device = next(lm.parameters()).device
-    if device.type == "cuda":  # as the engine decodes: cuDNN's SDPA plans anew for every KV length
-        with sdpa_kernel(SDPA_BACKENDS):
-            return _greedy_write_turns(lm, trajs, stop_ids, slack=slack, batch=batch)
-    return _greedy_write_turns(lm, trajs, stop_ids, slack=slack, batch=batch)
+    with decoding_attention(next(lm.parameters()).device):  # as the engine decodes
+        return _greedy_write_turns(lm, trajs, stop_ids, slack=slack, batch=batch)
 
 
 def _greedy_write_turns(lm, trajs: list[Trajectory], stop_ids: tuple[int, ...], *, slack: int,

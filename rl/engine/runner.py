@@ -32,8 +32,16 @@ from rl.engine.batch import sample
 from rl.engine.config import EmbeddedEngineConfig
 from rl.learner.models import place_model
 
-SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 """SDPA backends of decoding (`EmbeddedEngineConfig.avoid_cudnn_attention`): all but cuDNN's."""
+
+
+def decoding_attention(device: torch.device, avoid_cudnn: bool = True) -> contextlib.AbstractContextManager:
+    """The attention backends to decode under: on a GPU all but cuDNN's SDPA (which plans anew for
+    every KV length) unless `avoid_cudnn` is off; elsewhere torch's choice."""
+    if avoid_cudnn and device.type == "cuda":
+        return sdpa_kernel(_SDPA_BACKENDS)
+    return contextlib.nullcontext()
 
 
 class ModelRunner:
@@ -62,10 +70,7 @@ class ModelRunner:
         """Next-token logits [B, V] fp32 after feeding `ids` [B, t] into `cache`."""
         extra = {"logits_to_keep": 1} if self.keep_logits else {}
         extra[self.cache_kwarg] = cache
-        backends = contextlib.nullcontext()
-        if self.config.avoid_cudnn_attention and self.device.type == "cuda":
-            backends = sdpa_kernel(SDPA_BACKENDS)
-        with backends:
+        with decoding_attention(self.device, self.config.avoid_cudnn_attention):
             out = self.model(
                 input_ids=ids,
                 attention_mask=mask,
@@ -211,4 +216,4 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return dtype
 
 
-__all__ = ["ModelRunner", "finish_reason", "resolve_device", "resolve_dtype"]
+__all__ = ["ModelRunner", "decoding_attention", "finish_reason", "resolve_device", "resolve_dtype"]
