@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import shutil
 import statistics
 import sys
 import types
@@ -687,6 +688,52 @@ def test_stability_summary_counts_agreement_spread_and_widths():
 
 
 # --- on a GPU ---------------------------------------------------------------------------------------
+
+
+POINTWISE_TASK = """
+import torch
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return torch.sigmoid(torch.nn.functional.gelu(x, approximate="tanh")) * 2.0
+def get_inputs():
+    return [torch.rand(8 * 1024 * 1024)]
+def get_init_inputs():
+    return []
+"""
+
+POINTWISE_CANDIDATE = """
+import torch
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        return torch.sigmoid(torch.nn.functional.gelu(x, approximate="tanh")) * 2.0
+"""
+
+
+@pytest.mark.gpu
+def test_artifacts_compiled_in_another_lanes_cache_dir_time_in_this_lane(tmp_path, monkeypatch):
+    """A queue of several lanes hands one lane's Inductor artifacts to another lane's child, where
+    the first lane's cache dir cannot be written. A pointwise kernel that autotunes at its first
+    call used to save its choice there and fail the job (OSError in the smoke's teachers)."""
+    from rewards.timing.profile import run_profile
+
+    spawn = msgspec.structs.replace(ProfileRequest(task_source=POINTWISE_TASK).config, child_launcher="spawn")
+    other_lane = tmp_path / "lane0-cache"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(other_lane))
+    first = tmp_path / "first"
+    (first / "candidate").mkdir(parents=True)
+    (first / "candidate" / "model_new.py").write_text(POINTWISE_CANDIDATE)
+    recorded = run_profile(ProfileRequest(task_source=POINTWISE_TASK, paired=True, config=spawn), work_dir=first)
+    assert recorded.ok and recorded.compile_cache, recorded.message
+    shutil.rmtree(other_lane)
+    other_lane.write_text("")  # unwritable as a directory, as another lane's dir is in the sandbox
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "lane1-cache"))
+    second = tmp_path / "second"
+    (second / "candidate").mkdir(parents=True)
+    (second / "candidate" / "model_new.py").write_text(POINTWISE_CANDIDATE)
+    request = ProfileRequest(task_source=POINTWISE_TASK, paired=True, config=spawn,
+                             compile_cache=recorded.compile_cache)
+    outcome = run_profile(request, work_dir=second)
+    assert outcome.ok, outcome.message
 
 
 @pytest.mark.gpu

@@ -349,5 +349,5 @@ async def test_a_gpu_learner_rank_sends_cuda_ipc_handles_the_server_opens(tmp_pa
     fake, rows = await train_against_tensor_server(
         tmp_path, "layout.cpu=false", "layout.learner_gpus=[0]", "layout.verify_gpus=[]"
     )
-    assert fake.devices == {"cuda"}
+    assert fake.devices == {"cuda"}, publication_order(fake.calls)
     check_publications(tmp_path, fake, rows)

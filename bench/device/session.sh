@@ -6,31 +6,46 @@
 #   replay: GPUS=0 WAIT_S=3000 bash bench/device/corpus_replay.sh
 #   env: GROUPS_RUN=env bash bench/device/gpu_suite.sh
 #   warmup: timeout 300 python3 -m bench.system.compile_warmup --device cuda --profile
-# The first call starts the steps one after another in their own process session (each with OUT set to its
-# own folder, so a script's $OUT files stay apart); every call (the same command) waits up to WAIT_S for the
-# queue to end, copies each step that finished since the last call into $OUT/NAME/ (its log and its OUT) and
-# what a running step has written so far into $OUT/NAME.running/, and prints where the queue stands. A step's
-# exit status does not stop the queue. Call again at once (the machine goes back after 30 s idle, and after
-# 30 minutes held); a fresh machine starts the queue from the top.
+# LANES instead of STEPS fills a machine of several GPUs: queues side by side, each on its own GPUs
+# (CUDA_VISIBLE_DEVICES), e.g. LANES="0=.dev/a.txt 1=.dev/b.txt 2,3=.dev/c.txt"; a lane's steps run one after
+# another, and the lanes' GPUs should not overlap.
+# The first call starts the steps in their own process session (each with OUT set to its own folder, so a
+# script's $OUT files stay apart); every call (the same command) waits up to WAIT_S for every queue to end,
+# copies each step that finished since the last call into $OUT/NAME/ (its log and its OUT) and what a running
+# step has written so far into $OUT/NAME.running/, and prints where the queues stand. A step's exit status
+# does not stop its queue. Call again at once (the machine goes back after 30 s idle, and after 30 minutes
+# held); a fresh machine starts the queues from the top.
 source "$(dirname "$0")/preamble.sh"
 S=/tmp/session
 if [ ! -f $S/started ]; then
-  [ -f "${STEPS:-}" ] || { echo "session.sh: STEPS must name a file of 'NAME: COMMAND' lines"; exit 2; }
-  rm -rf $S; mkdir -p $S; grep -v '^[[:space:]]*\(#\|$\)' "$STEPS" > $S/steps; touch $S/started
-  setsid bash -c '
-    n=0
-    while IFS= read -r line; do
-      n=$((n + 1)); name=$(printf "%02d_%s" $n "$(echo "${line%%:*}" | tr -c "A-Za-z0-9_\n-" _)")
-      mkdir -p "$0/$name/out"; date +%s > "$0/$name/start"
-      OUT="$0/$name/out" bash -c "${line#*:}" > "$0/$name/log" 2>&1 < /dev/null
-      echo $? > "$0/$name/rc"; date +%s > "$0/$name/end"
-    done < "$0/steps"
-    touch "$0/done"' $S < /dev/null > /dev/null 2>&1 &
-  echo "session: started $(wc -l < $S/steps) steps"
+  LANES=${LANES:-"-=${STEPS:-}"}
+  rm -rf $S; mkdir -p $S
+  for lane in $LANES; do
+    f=${lane#*=}
+    [ -f "$f" ] || { echo "session.sh: STEPS (or each LANES entry's file) must name a file of 'NAME: COMMAND' lines: $f"; exit 2; }
+  done
+  k=0
+  for lane in $LANES; do
+    k=$((k + 1)); gpus=${lane%%=*}; q=$S/queue$k; [ "$gpus" = - ] && prefix="" || prefix="g${gpus//,/}_"
+    mkdir -p $q; grep -v '^[[:space:]]*\(#\|$\)' "${lane#*=}" > $q/steps
+    setsid bash -c '
+      S=$0 q=$1 gpus=$2 prefix=$3; n=0
+      [ "$gpus" = - ] || export CUDA_VISIBLE_DEVICES=$gpus
+      while IFS= read -r line; do
+        n=$((n + 1)); name=$(printf "%s%02d_%s" "$prefix" $n "$(echo "${line%%:*}" | tr -c "A-Za-z0-9_\n-" _)")
+        mkdir -p "$S/$name/out"; date +%s > "$S/$name/start"
+        OUT="$S/$name/out" bash -c "${line#*:}" > "$S/$name/log" 2>&1 < /dev/null
+        echo $? > "$S/$name/rc"; date +%s > "$S/$name/end"
+      done < "$q/steps"
+      touch "$q/done"' $S $q $gpus "$prefix" < /dev/null > /dev/null 2>&1 &
+    echo "session: queue $k (GPUs ${gpus/-/all}) started $(wc -l < $q/steps) steps"
+  done
+  touch $S/started
 fi
+all_done() { for q in $S/queue*/; do [ -f $q/done ] || return 1; done; }
 T0=$SECONDS
-while [ ! -f $S/done ] && [ $((SECONDS - T0)) -lt ${WAIT_S:-560} ]; do sleep 5; done
-for d in $S/[0-9]*_*/; do
+while ! all_done && [ $((SECONDS - T0)) -lt ${WAIT_S:-560} ]; do sleep 5; done
+for d in $S/*_*/; do
   d=${d%/}; name=$(basename $d)
   if [ -f $d/rc ] && [ ! -f $d/copied ]; then
     mkdir -p $OUT/$name && cp $d/log $OUT/$name/ && cp -r $d/out/. $OUT/$name/ 2>/dev/null; touch $d/copied
@@ -42,5 +57,5 @@ for d in $S/[0-9]*_*/; do
     echo "$name: running for $(( $(date +%s) - $(cat $d/start) )) s: $(tail -1 $d/log | cut -c1-160)"
   fi
 done
-waiting=$(( $(wc -l < $S/steps) - $(ls -d $S/[0-9]*_*/ 2>/dev/null | wc -l) ))
-[ -f $S/done ] && echo "SESSION DONE" || echo "session: $waiting steps not started; call again"
+waiting=$(( $(cat $S/queue*/steps | wc -l) - $(ls -d $S/*_*/ 2>/dev/null | wc -l) ))
+all_done && echo "SESSION DONE" || echo "session: $waiting steps not started; call again"

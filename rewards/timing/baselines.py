@@ -278,11 +278,17 @@ def profile_model(
 
 
 def compile_warmup(compiled: Callable[..., Any], make_inputs: Callable[[int], Sequence[Any]]) -> float:
-    """Compile (or recompile for new flags) outside the timed region; returns seconds spent."""
+    """Compile (or recompile for new flags) outside the timed region; returns seconds spent.
+
+    Inductor's local autotune cache stays off for every compile of a reference (the same setting
+    everywhere, so the artifacts of one process hit in another): it bakes the compiling process's
+    cache dir into each kernel, and a kernel that autotunes at its first call writes its choice
+    there, in another lane's directory, read-only in the paired child's sandbox."""
     import torch
+    import torch._inductor.config as inductor_config
 
     start = time.perf_counter()
-    with torch.no_grad():
+    with torch.no_grad(), inductor_config.patch(autotune_local_cache=False):
         compiled(*make_inputs(0))
     torch.cuda.synchronize()
     return time.perf_counter() - start
