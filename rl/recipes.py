@@ -5,7 +5,7 @@
                   through the real tools, value pretraining, then a few PPO steps with real
                   compile / verify / profile on one GPU, and the held-out split evaluated before
                   rft, after rft and after ppo;
-    learning    - the smoke with rft on all 66 training teachers at a higher rate, for
+    learning    - the smoke under its own name and run directory, for
                   `bench.system.policy_learning`;
     smoke_cpu   - a machine without a GPU: a tiny random model on two bundled demonstration
                   tasks, learner on CPU, the fake kernel environment (nothing compiled or timed),
@@ -56,14 +56,17 @@ def smoke() -> TrainConfig:
         stage="smoke",
         model=ModelConfig(path="smollm2-135m", gradient_checkpointing=False, attn_implementation="sdpa"),
         ppo=PPOConfig(token_budget=16384),
-        # A pretrained model: learning rates of fine-tuning, not of training from scratch.
-        optim=OptimConfig(actor_lr=2e-6, critic_lr=1e-5, sft_lr=2e-5),
-        steps=StepsConfig(rft=40, value=3, ppo=2),
+        # A pretrained model: PPO at a fine-tuning rate. rft sees every training teacher (66: each
+        # trained op at three shapes) at a higher rate falling linearly: greedy held-out write turns
+        # after it were right for 10 of 17 (9 of 9 new shapes and compositions, 1 of 8 unseen ops;
+        # `bench.system.rft_probe`, H200). Sixteen teachers at 2e-5 taught the template, not the
+        # op -> expression mapping: 0 of 17.
+        optim=OptimConfig(actor_lr=2e-6, critic_lr=1e-5, sft_lr=1e-4, sft_lr_schedule="linear"),
+        steps=StepsConfig(rft=60, value=3, ppo=2),
         # Shapes of ~0.1 ms eager time: each verifies and times in about a second. The rft
-        # collection is the teachers alone (16 of the 66 training tasks, one trajectory each;
-        # H200: ~20 s to build each, 24 took 3.3 min with 8 builds at a time; sft loss 1.58 ->
-        # 0.054 in 40 steps at this lr).
-        data=DataConfig(tasks="families", family_target_ms=0.1, demos=16, rft_policy_rollouts=False,
+        # collection is the teachers alone (one trajectory each; H200: ~20 s to build each, 8
+        # builds at a time).
+        data=DataConfig(tasks="families", family_target_ms=0.1, demos=66, rft_policy_rollouts=False,
                         tasks_per_step=4, samples_per_task=4, collect_tasks=2, heldout=True),
         # A teacher's write turn (all solution files in one reply) is up to ~1,800 tokens; SmolLM2
         # reads 8k. Four turns reach read, write, compile, verify: the final evaluation scores the
@@ -83,22 +86,9 @@ def smoke() -> TrainConfig:
 
 
 def learning() -> TrainConfig:
-    """The smoke with rft on every training teacher: the recipe of `bench.system.policy_learning`,
+    """The smoke under its own name and run directory: the recipe of `bench.system.policy_learning`,
     where the held-out pass rate after rft must reach 30%."""
-    cfg = smoke()
-    # Sixteen teachers at 2e-5 teach the template, not the op -> expression mapping: greedy write
-    # turns copy the form and garble the one line that matters, 0 of 17 held out pass
-    # (`python -m bench.system.rft_probe` measures this without the GPU tools). Every teacher
-    # (66) shows each trained op at three shapes; a higher rate falling linearly fits their
-    # op-specific tokens in ~15 epochs of batches of 16.
-    return msgspec.structs.replace(
-        cfg,
-        recipe="learning",
-        run_dir="runs/learning",
-        optim=msgspec.structs.replace(cfg.optim, sft_lr=1e-4, sft_lr_schedule="linear"),
-        steps=msgspec.structs.replace(cfg.steps, rft=60),
-        data=msgspec.structs.replace(cfg.data, demos=66),
-    )
+    return msgspec.structs.replace(smoke(), recipe="learning", run_dir="runs/learning")
 
 
 def smoke_cpu() -> TrainConfig:

@@ -97,7 +97,7 @@ def test_a_seed_copies_the_finished_demonstrations_of_another_seed_with_the_same
     assert share_demonstrations(ppo1, tmp_path) == src
     assert (Path(ppo1.run_dir) / "rollouts" / "rft_demos.jsonl").read_bytes() == src.read_bytes()
     assert share_demonstrations(ppo1, tmp_path) is None  # it has its own now
-    few = seed_configs(smoke(), tmp_path, 2, [])[0]  # 16 teachers drawn by the seed: others than seed 0's
+    few = seed_configs(apply_overrides(smoke(), ["data.demos=16"]), tmp_path, 2, [])[0]  # drawn by the seed
     assert share_demonstrations(few, tmp_path) is None
 
 
