@@ -15,8 +15,9 @@ may do part of it, reported as "partial"); the verdict names it.
 
 `--static-only` runs the extraction and the static rules only (`rewards.static.lint`): no build,
 no GPU, seconds per solution. PATH may also be a folder of solutions: one line per file (path,
-verdict, rules, first finding) and counts on stderr; `--problems` finds each file's task by its
-KernelBench path (`level1/19_ReLU.py`). Exit status 0 when every solution passes, else 1.
+verdict, rules, first finding) and counts on stderr; `--problems` (default $KERNELBENCH_PROBLEMS)
+finds each file's task by its KernelBench path (`level1/19_ReLU.py`); without a task the rules that
+compare with the task's own Model judge the solution alone (a note on stderr says so). Exit status 0 when every solution passes, else 1.
 
 Exit status: 0 the solution is correct and was timed; 1 it failed (hack, no build, wrong answer,
 crash); 2 the command line, the task or the solution is unusable; 3 no GPU on this machine (the
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -71,7 +73,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="paper: the candidate's kernels do all the work; kernelbench: torch may do part of it")
     parser.add_argument("--static-only", action="store_true",
                         help="extraction and static rules only, no build or GPU; --solution may be a folder of solutions")
-    parser.add_argument("--problems", help="with --static-only: a problems.jsonl giving each file's task by its path")
+    parser.add_argument("--problems", default=os.environ.get("KERNELBENCH_PROBLEMS"),
+                        help="with --static-only: a problems.jsonl giving each file's task by its path "
+                             "(default: $KERNELBENCH_PROBLEMS)")
     parser.add_argument("--json", action="store_true", help="print reward_info as JSON (one verdict per line with --static-only)")
     args = parser.parse_args(argv)
     if not args.static_only and not args.task:
@@ -169,6 +173,10 @@ def static_only(args: argparse.Namespace) -> int:
         verdicts = [(root, lint(root, reference=reference or found, rules=args.rules))]
     else:
         verdicts = list(lint_tree(root, problems, reference=reference, rules=args.rules))
+    if reference is None and problems is None:
+        print("cuda-agent eval: no task given (--task, --problems or $KERNELBENCH_PROBLEMS): the rules that "
+              "compare a solution with the task's own Model (state it keeps, ops it makes) judge it alone",
+              file=sys.stderr)
     for path, verdict in verdicts:
         print(_static_json(path, verdict) if args.json else lint_line(path, verdict))
     if len(verdicts) > 1:

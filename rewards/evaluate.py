@@ -35,7 +35,7 @@ from msgspec import Struct
 from agentcore.types import Task, Trajectory
 from rewards.env import Prepared, RewardsKernelEnv, pristine_files
 from rewards.inline.prepare import is_inline_solution, prepare_inline, with_notes
-from rewards.reward import RewardConfig, score, score_paired
+from rewards.reward import RewardConfig, score, score_paired, score_untimed
 from rewards.timing.profile import Profile
 from rewards.verdict import HackCategory, Score, Verdict, VerdictStatus, reward_info
 
@@ -51,6 +51,9 @@ class EvaluateConfig(Struct, frozen=True, kw_only=True):
     paired: bool = True
     """Time candidate, eager and torch.compile together in the candidate's process, in rotated
     rounds (rewards.timing.paired); False: the candidate alone against cached baselines."""
+    timed: bool = True
+    """False: a verified solution scores milestone 1 without a profile job (scripted teachers,
+    whose reward only has to be > 0; a timing job has its GPU alone and is the queue's slow part)."""
 
 
 def _read_regular(path: Path) -> bytes | None:
@@ -137,6 +140,8 @@ class FinalEvaluator:
         verdict = with_notes(verdict, prepared.notes)
         if not verdict.ok:
             return score(verdict, None, None, None, self.config.reward)
+        if not self.config.timed:
+            return score_untimed(verdict, self.config.reward)
         timed = await self.env.time(snapshot, task, prepared.build, paired=self.config.paired)
         return self._scored(verdict, timed)
 

@@ -10,6 +10,8 @@
 "More than 5% faster" than a baseline t0 means (t0 - t) / t0 > margin, on medians.
 `mode="speedup"` is the paper's raw-speedup ablation (log(s) or s, s clipped).
 
+`score_untimed(verdict, config)`: verified, deliberately not timed (milestone 1 when correct).
+
 `score_paired(verdict, paired, config)` is the same reward from paired timing
 (`rewards.timing.paired`: the three subjects timed together in rotated rounds of one process):
 a baseline is beaten when the whole confidence interval of the median per-round speedup lies
@@ -183,6 +185,17 @@ def _failed(verdict: Verdict, candidate: Timing | None, eager: Timing | None, co
             config: RewardConfig) -> Score:
     return Score(reward=config.fail_reward, milestone=None, verdict=verdict, candidate=candidate, eager=eager,
                  compiled=compiled, breakdown={"mode": config.mode, "failed": True})
+
+
+def score_untimed(verdict: Verdict, config: RewardConfig = RewardConfig()) -> Score:
+    """The reward of a candidate that was verified and deliberately not timed (scripted
+    demonstrations, whose speed nothing learns from): a correct one is milestone 1 and no
+    speedup is claimed; `breakdown["untimed"]` says so."""
+    if not verdict.ok:
+        return _failed(verdict, None, None, None, config)
+    reward = config.correct_reward if config.mode == "milestone" else _transform(1.0, config)
+    return Score(reward=reward, milestone=1, verdict=verdict,
+                 breakdown={"mode": config.mode, "failed": False, "untimed": True})
 
 
 def score_paired(verdict: Verdict, paired: PairedTiming | None, config: RewardConfig = RewardConfig()) -> Score:

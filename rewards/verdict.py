@@ -288,6 +288,7 @@ def reward_info(score: Score) -> dict[str, JsonScalar]:
         "timing_paired": score.paired,
         "inconclusive": score.inconclusive,
         "baselines_starved": bool(score.breakdown.get("baselines_starved", False)),
+        "untimed": bool(score.breakdown.get("untimed", False)),
         "rules": v.rules,
         "partial": partial_work(v)[:500],
     }

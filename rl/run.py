@@ -83,9 +83,11 @@ class Run:
         opening: Callable[[Task], list[Message]] = first_messages,
         max_turns: int | None = None,
         rollout: RolloutConfig | None = None,
+        scorer: Any = None,
     ) -> list[Trajectory]:
-        """Run `items` to scored trajectories, stored in `rollouts/{tag}.jsonl`; a rerun of the
-        same tag after a crash keeps what finished and redoes only the rest."""
+        """Run `items` to scored trajectories, stored in `rollouts/{tag}.jsonl` (scored by `scorer`,
+        default the run's); a rerun of the same tag after a crash keeps what finished and redoes
+        only the rest."""
         config = rollout or self.cfg.rollout
         if max_turns is not None:
             config = msgspec.structs.replace(config, max_turns=max_turns)
@@ -101,7 +103,7 @@ class Run:
         path.parent.mkdir(parents=True, exist_ok=True)
         async with TrajectoryStore(path) as store:
             orch = Orchestrator(runner=runner, tools=tools, config=self.cfg.orchestrator,
-                                resources=self.resources, store=store, scorer=self.scorer)
+                                resources=self.resources, store=store, scorer=scorer or self.scorer)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._report_progress, tag, orch, len(items))
                 groups = await collect(orch, items)
@@ -110,6 +112,15 @@ class Run:
             found = {(t.group_id, t.sample_index): t for t in store.existing()}
         found |= {(t.group_id, t.sample_index): t for g in groups for t in g.trajectories}
         return [found[k] for k in sorted(found)]
+
+    def untimed_scorer(self) -> Any:
+        """The run's scorer without profile jobs (`EvaluateConfig.timed`); the fake
+        environment's scorer times nothing anyway."""
+        from rewards.evaluate import FinalEvaluator
+
+        if not isinstance(self.scorer, FinalEvaluator):
+            return self.scorer
+        return FinalEvaluator(self.scorer.env, msgspec.structs.replace(self.scorer.config, timed=False))
 
     async def _report_progress(self, tag: str, orch: Orchestrator, groups: int) -> None:
         """A log line every `progress_every_s` while a batch runs: a stalled collection shows

@@ -3,6 +3,8 @@ source's own verdict, on records written here (no replay, no GPU)."""
 
 from __future__ import annotations
 
+import pytest
+
 from bench.kernelbench.corpus.compare import compare, main, markdown, ours
 from bench.kernelbench.corpus.fetch import Entry, read_manifest
 from bench.kernelbench.rules_report import FORM_REFUSAL
@@ -46,3 +48,30 @@ def test_the_committed_manifest_reads_and_every_row_has_a_column():
     entries = read_manifest()
     assert len(entries) == len({(e.source, e.set, e.level, e.problem_id) for e in entries}) > 400
     assert ours(None) == "not judged"
+
+
+def test_static_verdicts_fill_files_without_a_record_and_a_static_pass_stays_not_judged(tmp_path, capsys):
+    """The static lines come from the real linter (`cuda-agent eval --static-only --json`) over a
+    corpus laid out as `.corpus/<source>/<set>/levelL/<id>_<name>.py`."""
+    from pathlib import Path
+
+    from bench.kernelbench.corpus.compare import read_static
+    from rewards.eval_cmd import main as eval_main
+
+    fixtures = Path(__file__).parent / "fixtures" / "inline"
+    level = tmp_path / ".corpus" / "lab" / "runs" / "a" / "level1"
+    level.mkdir(parents=True)
+    for pid, name in ((1, "relu_honest"), (2, "relu_torch_in_wrapper"), (3, "relu_honest")):
+        (level / f"{pid}_X.py").write_bytes((fixtures / f"{name}.py").read_bytes())
+    eval_main(["--static-only", "--solution", str(tmp_path / ".corpus"), "--rules", "paper", "--json"])
+    lines = tmp_path / "static.jsonl"
+    lines.write_text(capsys.readouterr().out)
+    static = read_static(lines, "paper")
+    assert static == {("lab/runs/a", 1, 2): "hack"}  # the pass is not a verdict: the GPU decides it
+    assert read_static(lines, "kernelbench") == {}  # lines of another rule set are not used
+    append_record(tmp_path / "runs" / "lab_runs_a" / "paper" / "records.jsonl", record(3, correct=True, status="ok"))
+    table = compare([entry(1, "correct"), entry(2, "correct"), entry(3, "correct")], tmp_path / "runs", "paper", static)
+    assert table[("lab/runs/a", "correct")] == {"files": 3, "accepted": 1, "hack": 1, "not judged": 1}
+    lines.write_text("not json\n")
+    with pytest.raises(SystemExit, match="static.jsonl:1 is not a line of"):
+        read_static(lines, "paper")

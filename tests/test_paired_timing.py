@@ -21,9 +21,9 @@ import pytest
 
 from agentcore.types import ProfileResult
 from bench.system import reward_stability
-from rewards.evaluate import FinalEvaluator
+from rewards.evaluate import EvaluateConfig, FinalEvaluator
 from rewards.queue.jobs import decode, encode
-from rewards.reward import RewardConfig, score_paired
+from rewards.reward import RewardConfig, score_paired, score_untimed
 from rewards.timing.headroom import HeadroomWatch, required
 from rewards.timing.paired import (
     PairedConfig,
@@ -297,6 +297,32 @@ def test_score_paired_keeps_the_papers_rewards_and_records_the_intervals():
     assert info["candidate_host_ratio"] == pytest.approx(1.0 / 1.02)
     assert all(v is None or isinstance(v, (str, int, float, bool)) for v in info.values())
     assert score_decoder.decode(msgspec.json.encode(s)) == s
+
+
+def test_an_untimed_score_is_milestone_one_with_no_speedup_and_says_so():
+    s = score_untimed(OK)
+    assert (s.reward, s.milestone, s.candidate, s.speedup_vs_eager) == (1.0, 1, None, None)
+    assert s.breakdown["untimed"] and reward_info(s)["untimed"]
+    failed = score_untimed(Verdict(status=VerdictStatus.WRONG_OUTPUT, message="off"))
+    assert (failed.reward, failed.milestone) == (-1.0, None)
+    assert score_untimed(OK, RewardConfig(mode="speedup")).reward == 0.0  # log(1): no speedup claimed
+
+
+async def test_an_untimed_final_evaluation_verifies_and_never_asks_for_a_profile(tmp_path):
+    """The GPU edge faked: a kernel environment whose final verification answers and whose
+    timing must not be reached."""
+
+    class VerifyingEnv:
+        async def final_verdict(self, snapshot, task, build, inline=None):
+            return OK
+
+        async def time(self, *args, **kwargs):
+            raise AssertionError("an untimed evaluation asked for a profile job")
+
+    prepared = types.SimpleNamespace(verdict=None, build=None, inline=None, notes=())
+    evaluator = FinalEvaluator(VerifyingEnv(), EvaluateConfig(timed=False))
+    s = await evaluator.evaluate_prepared(tmp_path, types.SimpleNamespace(task_id="t"), prepared)
+    assert (s.reward, s.milestone, s.breakdown["untimed"]) == (1.0, 1, True)
 
 
 def test_score_paired_gives_three_for_decided_wins_and_minus_one_for_failures():

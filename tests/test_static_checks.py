@@ -912,6 +912,23 @@ def test_static_only_command_lints_a_folder_without_a_gpu(tmp_path, capsys):
     assert code == 0 and statuses == ["ok", "partial"] and "2 solutions under kernelbench rules" in out.err
 
 
+
+def test_static_only_takes_tasks_from_kernelbench_problems_and_says_when_it_has_none(tmp_path, capsys, monkeypatch):
+    import orjson
+
+    from rewards.eval_cmd import main
+
+    (tmp_path / "level1").mkdir()
+    (tmp_path / "level1" / "19_ReLU.py").write_text((INLINE_FIXTURES / "relu_honest.py").read_text())
+    monkeypatch.delenv("KERNELBENCH_PROBLEMS", raising=False)
+    assert main(["--static-only", "--solution", str(tmp_path / "level1")]) == 0
+    assert "no task given" in capsys.readouterr().err
+    problems = tmp_path / "problems.jsonl"
+    problems.write_bytes(orjson.dumps({"level": 1, "problem_id": 19, "name": "19_ReLU", "code": RELU_TASK}) + b"\n")
+    monkeypatch.setenv("KERNELBENCH_PROBLEMS", str(problems))
+    assert main(["--static-only", "--solution", str(tmp_path / "level1")]) == 0
+    assert "no task given" not in capsys.readouterr().err
+
 STATEFUL_TASK = """
 class Model(nn.Module):
     def forward(self, x):

@@ -200,3 +200,17 @@ def test_clearing_a_run_keeps_the_users_files(tmp_path):
     (tmp_path / "data").mkdir()
     train_cmd.clear_run(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "notes.txt"]
+
+
+def test_the_rft_collection_scores_teachers_untimed_unless_asked():
+    import types
+
+    from rewards.evaluate import EvaluateConfig, FinalEvaluator
+    from rl.run import Run
+
+    run = types.SimpleNamespace(scorer=FinalEvaluator(None, EvaluateConfig(paired=True)))
+    untimed = Run.untimed_scorer(run)
+    assert untimed.config.timed is False and untimed.config.paired and run.scorer.config.timed
+    fake = types.SimpleNamespace(scorer=object())  # the fake environment's scorer times nothing
+    assert Run.untimed_scorer(fake) is fake.scorer
+    assert smoke().data.time_demos is False
