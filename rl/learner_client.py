@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import sys
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -249,9 +250,13 @@ def learner_devices(gpus: tuple[int, ...], visible: str | None) -> str:
     return ",".join(devices[g] if devices else str(g) for g in gpus)
 
 
-def _free_port_run(n: int, start: int = 31000) -> int:
-    """First port p >= start with p .. p+n-1 all free on loopback."""
-    for base in range(start, 60000, max(n, 1)):
+def _free_port_run(n: int, start: int | None = None) -> int:
+    """First port p >= start with p .. p+n-1 all free on loopback. The ranks bind later, so two
+    runs started at once could both find the same ports free: `start` is drawn at random (20000 to
+    50000) unless given, and the search wraps around once."""
+    start = random.SystemRandom().randrange(20000, 50000) if start is None else start
+    step = max(n, 1)
+    for base in [*range(start, 60000 - step, step), *range(20000, start, step)]:
         if all(port_free("127.0.0.1", base + i) for i in range(n)):
             return base
     raise LearnerError("no free loopback ports for the learner ranks")

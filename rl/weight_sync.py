@@ -132,13 +132,17 @@ def serialize_named_tensors(
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _collect_ipc() -> None:
-    """Free the blocks torch keeps for CUDA IPC consumers that have let go of them (the server
-    copied each bucket into its own parameters)."""
+def return_device_memory() -> None:
+    """Hand this process's free GPU memory back to the driver: the blocks torch keeps for CUDA IPC
+    consumers that have let go of them (the server copied each bucket into its own parameters) and
+    every free block of the caching allocator (training's activations, the gathered buckets). A
+    colocated server resuming its weights or KV cache allocates through the driver, not through
+    this process's allocator, and fails when this process still holds the memory it freed."""
     import torch
 
     if torch.cuda.is_initialized():
         torch.cuda.ipc_collect()
+        torch.cuda.empty_cache()
 
 
 def bucket_bytes(bucket: Bucket) -> int:
@@ -291,10 +295,11 @@ async def sync_tensor(
     try:
         await client.pause_generation(cfg.pause_mode)
         if released:
+            await _in_thread(device, return_device_memory)
             await resume(client, ["weights"])
         await flush_until_idle(client, cfg)
         tally = await _post_buckets(client, it, version, cfg, tp_size, device)
-        await _in_thread(device, _collect_ipc)
+        await _in_thread(device, return_device_memory)
         await flush_until_idle(client, cfg)
         if released:
             await resume(client, ["kv_cache", "cuda_graph"])

@@ -93,3 +93,14 @@ def test_the_ranks_gpus_index_the_gpus_this_process_sees():
     assert learner_devices((0, 1), None) == "0,1"
     assert learner_devices((0,), "2") == "2"  # a benchmark's child pinned to physical GPU 2
     assert learner_devices((1, 0), "4, 6") == "6,4"
+
+
+def test_learner_ports_start_at_random_and_the_search_wraps_around(monkeypatch):
+    """Two runs started at once each look for free ports before their ranks bind: a random start
+    keeps them apart (a fixed 31000 made a CI run and a local one collide)."""
+    import rl.learner_client as lc
+
+    monkeypatch.setattr(lc, "port_free", lambda host, port: not 59000 <= port < 60000)
+    assert lc._free_port_run(2, start=59000) == 20000  # nothing free above: wrapped
+    bases = {lc._free_port_run(2) for _ in range(20)}
+    assert len(bases) > 1 and all(20000 <= b < 50000 for b in bases)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import io
 import pickle
+import types
 from pathlib import Path
 from typing import Any
 
@@ -274,7 +275,8 @@ def test_a_value_step_keeps_the_server_weights_and_resumes_the_rest():
                 return True
             return call
 
-    rank = Rank(config(Path("/nonexistent"), "http://fake"), Path("/nonexistent"), None, None, None)
+    cpu = types.SimpleNamespace(device=torch.device("cpu"))  # a rank's Dist: only its device is read here
+    rank = Rank(config(Path("/nonexistent"), "http://fake"), Path("/nonexistent"), cpu, None, None)
     rank.server = server = Server()
 
     async def steps() -> None:

@@ -272,6 +272,24 @@ async def test_no_tensors_is_an_error_and_continues():
         assert fake.calls[-1] == "/continue_generation"
 
 
+async def test_the_learner_hands_its_free_gpu_memory_back_before_the_server_resumes(monkeypatch):
+    """The server resumes its weights and KV cache through the driver: the learner's caching
+    allocator (training's activations, the gathered buckets) must have returned its free blocks
+    first. The CUDA edge is faked: torch's cache calls are recorded beside the server's."""
+    import rl.weight_sync as ws
+
+    async with serving() as (fake, client):
+        monkeypatch.setattr(ws, "_current_cuda_device", lambda: None)
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+        monkeypatch.setattr(torch.cuda, "ipc_collect", lambda: None)
+        monkeypatch.setattr(torch.cuda, "empty_cache", lambda: fake.calls.append("empty_cache"))
+        await release(client, FAST)
+        fake.calls.clear()
+        await sync_tensor(client, buckets(), 2, FAST, released=True)
+    order = [c for c in fake.calls if c in ("empty_cache", "/resume_memory_occupation")]
+    assert order == ["empty_cache", "/resume_memory_occupation", "empty_cache", "/resume_memory_occupation"]
+
+
 async def test_release_then_sync_restores_memory_in_slime_order():
     async with serving() as (fake, client):
         await release(client, FAST)

@@ -90,6 +90,7 @@ from rl.learner.protocol import (
 )
 from rl.weight_sync import release as release_server
 from rl.weight_sync import resume as resume_server
+from rl.weight_sync import return_device_memory
 from rl.weight_sync import sync_tensor
 
 log = logging.getLogger("cuda-agent.rank")
@@ -221,6 +222,7 @@ class Rank:
         if self.server is None or not self.server_released:
             return Empty()
         tags = sorted(self.server_released)
+        await self._in_thread(return_device_memory)  # the server allocates what training freed
         try:
             await resume_server(self.server, tags)
             await self.server.continue_generation()  # release left it paused
