@@ -41,6 +41,11 @@ class _RecordingRun:
         self.cfg = cfg
         self.calls: list[tuple[str, list[str]]] = []
 
+    scorer = None
+
+    def untimed_scorer(self):
+        return self.scorer
+
     async def rollouts(self, items, *, tag, **_):
         self.calls.append((tag, sorted(i.task.task_id for i in items)))
         return []

@@ -11,8 +11,8 @@
 # another, and the lanes' GPUs should not overlap.
 # The first call starts the steps in their own process session (each with OUT set to its own folder, so a
 # script's $OUT files stay apart); every call (the same command) waits up to WAIT_S for every queue to end,
-# copies each step that finished since the last call into $OUT/NAME/ (its log and its OUT) and what a running
-# step has written so far into $OUT/NAME.running/, and prints where the queues stand. A step's exit status
+# packs every step's log and OUT so far into $OUT/session.tgz (NN_NAME/log, NN_NAME/out/...), and prints
+# where the queues stand. A step's exit status
 # does not stop its queue. Call again at once (the machine goes back after 30 s idle, and after 30 minutes
 # held); a fresh machine starts the queues from the top.
 source "$(dirname "$0")/preamble.sh"
@@ -47,15 +47,16 @@ T0=$SECONDS
 while ! all_done && [ $((SECONDS - T0)) -lt ${WAIT_S:-560} ]; do sleep 5; done
 for d in $S/*_*/; do
   d=${d%/}; name=$(basename $d)
-  if [ -f $d/rc ] && [ ! -f $d/copied ]; then
-    mkdir -p $OUT/$name && cp $d/log $OUT/$name/ && cp -r $d/out/. $OUT/$name/ 2>/dev/null; touch $d/copied
-  fi
   if [ -f $d/rc ]; then
     echo "$name: rc $(cat $d/rc) in $(( $(cat $d/end) - $(cat $d/start) )) s: $(tail -1 $d/log | cut -c1-160)"
-  else  # what a running step has written so far, in case the machine goes back before it ends
-    mkdir -p $OUT/$name.running && cp $d/log $OUT/$name.running/ && cp -r $d/out/. $OUT/$name.running/ 2>/dev/null
+  else
     echo "$name: running for $(( $(date +%s) - $(cat $d/start) )) s: $(tail -1 $d/log | cut -c1-160)"
   fi
 done
+# Every step's log and OUT so far, finished or running, in one file: the run tool brings back only a few
+# files from $OUT, and the machine may go back before a step ends.
+tar czf $OUT/session.tgz -C $S --exclude="*.so" --exclude="*.safetensors" --exclude="*.pt" --exclude="*.whl" \
+  $(cd $S && ls -d *_*/ 2>/dev/null) 2>/dev/null
+echo "session.tgz: $(du -h $OUT/session.tgz | cut -f1)"
 waiting=$(( $(cat $S/queue*/steps | wc -l) - $(ls -d $S/*_*/ 2>/dev/null | wc -l) ))
 all_done && echo "SESSION DONE" || echo "session: $waiting steps not started; call again"
