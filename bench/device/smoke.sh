@@ -16,9 +16,12 @@ if [ "${TEACHERS:-1}" = 1 ]; then
   grep -v "^\s" $OUT/teachers.log | grep -A30 "teachers accepted" | cut -c1-240
 fi
 [ "${SMOKE:-1}" = 1 ] || exit 0
-timeout ${SMOKE_S:-560} python3 -m agentcore.cli smoke --out /tmp/smoke > $OUT/smoke.log 2>&1; echo "smoke rc $? at $((SECONDS-T0)) s"
-cp /tmp/smoke/metrics.jsonl $OUT/smoke_metrics.jsonl 2>/dev/null
-cp /tmp/smoke/summary.json /tmp/smoke/heldout.jsonl $OUT/ 2>/dev/null
-tar czf $OUT/rollouts.tgz -C /tmp/smoke rollouts families_split.json 2>/dev/null
+# The run directory lives in $OUT/run, so a step of session.sh that the machine's time cuts short still brings
+# back its held-out rows and metrics (session.sh packs $OUT without checkpoints and weights).
+timeout ${SMOKE_S:-560} python3 -m agentcore.cli smoke --out $OUT/run > $OUT/smoke.log 2>&1; echo "smoke rc $? at $((SECONDS-T0)) s"
+cp $OUT/run/metrics.jsonl $OUT/smoke_metrics.jsonl 2>/dev/null
+cp $OUT/run/summary.json $OUT/run/heldout.jsonl $OUT/ 2>/dev/null
+tar czf $OUT/rollouts.tgz -C $OUT/run rollouts families_split.json 2>/dev/null
+rm -rf $OUT/run  # its checkpoints are gigabytes; what the report needs is copied above
 grep -v "^\s" $OUT/smoke.log | grep -v "^\[step" | grep -v "sft_loss\|INFO" | tail -25 | cut -c1-240
 grep "INFO cuda-agent.train: step" $OUT/smoke.log | cut -c1-200 | awk 'NR<=3 || NR%10==0 || /ppo|value/'
