@@ -67,7 +67,7 @@ def test_static_verdicts_fill_files_without_a_record_and_a_static_pass_stays_not
     lines = tmp_path / "static.jsonl"
     lines.write_text(capsys.readouterr().out)
     static = read_static(lines, "paper")
-    assert static == {("lab/runs/a", 1, 2): "hack"}  # the pass is not a verdict: the GPU decides it
+    assert static == {"lab/runs/a/level1/2_X.py": "hack"}  # the pass is not a verdict: the GPU decides it
     assert read_static(lines, "kernelbench") == {}  # lines of another rule set are not used
     append_record(tmp_path / "runs" / "lab_runs_a" / "paper" / "records.jsonl", record(3, correct=True, status="ok"))
     table = compare([entry(1, "correct"), entry(2, "correct"), entry(3, "correct")], tmp_path / "runs", "paper", static)

@@ -22,7 +22,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -60,13 +59,10 @@ class StaticVerdict(msgspec.Struct, kw_only=True):
     message: str = ""
 
 
-FILE = re.compile(r"(?:^|/)\.corpus/(?P<set>.+)/level(?P<level>\d+)/(?P<id>\d+)_[^/]*\.py$")
-
-
-def read_static(path: Path, rules: str) -> dict[tuple[str, int, int], str]:
-    """(source/set, level, problem id) -> our column for each file the static checks reject under
-    `rules`; files they pass are left out (the GPU decides those)."""
-    out: dict[tuple[str, int, int], str] = {}
+def read_static(path: Path, rules: str) -> dict[str, str]:
+    """The file's path under `.corpus/` (the manifest's `file`) -> our column, for each file the
+    static checks reject under `rules`; files they pass are left out (the GPU decides those)."""
+    out: dict[str, str] = {}
     for n, line in enumerate(path.read_bytes().splitlines(), 1):
         if not line.strip():
             continue
@@ -74,17 +70,16 @@ def read_static(path: Path, rules: str) -> dict[tuple[str, int, int], str]:
             v = msgspec.json.decode(line, type=StaticVerdict)
         except msgspec.DecodeError as exc:
             raise SystemExit(f"compare: {path}:{n} is not a line of `cuda-agent eval --static-only --json`: {exc}")
-        m = FILE.search(v.path)
-        if v.rules != rules or v.status == "ok" or m is None:
+        _, corpus, file = v.path.partition(".corpus/")
+        if v.rules != rules or v.status == "ok" or not corpus:
             continue
         form = v.status == "compile_error" and FORM_REFUSAL in v.message
-        column = "hack" if v.status == "hack" else "form" if form else "failed"
-        out[(m["set"], int(m["level"]), int(m["id"]))] = column
+        out[file] = "hack" if v.status == "hack" else "form" if form else "failed"
     return out
 
 
 def compare(entries: list[Entry], runs: Path, rules: str,
-            static: dict[tuple[str, int, int], str] | None = None) -> dict[tuple[str, str], Counter[str]]:
+            static: dict[str, str] | None = None) -> dict[tuple[str, str], Counter[str]]:
     """(set, source verdict) -> counts of our columns; `static` fills files without a record."""
     records: dict[str, dict[tuple[int, int], ProblemRecord]] = {}
     table: dict[tuple[str, str], Counter[str]] = {}
@@ -97,7 +92,7 @@ def compare(entries: list[Entry], runs: Path, rules: str,
         row["files"] += 1
         column = ours(records[name].get((e.level, e.problem_id)))
         if column == "not judged" and static:
-            column = static.get((name, e.level, e.problem_id), column)
+            column = static.get(e.file, column)
         row[column] += 1
     return table
 
