@@ -17,7 +17,8 @@ may do part of it, reported as "partial"); the verdict names it.
 no GPU, seconds per solution. PATH may also be a folder of solutions: one line per file (path,
 verdict, rules, first finding) and counts on stderr; `--problems` (default $KERNELBENCH_PROBLEMS)
 finds each file's task by its KernelBench path (`level1/19_ReLU.py`); without a task the rules that
-compare with the task's own Model judge the solution alone (a note on stderr says so). Exit status 0 when every solution passes, else 1.
+compare with the task's own Model judge the solution alone (a note on stderr says so). Exit status
+0 when every solution passes, else 1.
 
 Exit status: 0 the solution is correct and was timed; 1 it failed (hack, no build, wrong answer,
 crash); 2 the command line, the task or the solution is unusable; 3 no GPU on this machine (the
