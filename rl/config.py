@@ -126,9 +126,11 @@ class DataConfig(Struct, frozen=True, kw_only=True):
     collect_tasks: int = 0
     """Tasks rolled out by one rft/value collection (the first of the step-0 order); 0: all."""
     time_demos: bool = False
-    """Profile the rft collection's teacher trajectories too. Off: a verified teacher scores
-    milestone 1 untimed (rft keeps reward > 0 alone; timing jobs have the GPU alone and were
-    most of a 66-teacher collection's time)."""
+    """Time the rft collection's teacher trajectories: their script calls profile and the final
+    evaluation times them. Off: the script goes read, write, compile, verify, finish and a verified
+    teacher scores milestone 1 untimed (rft keeps reward > 0 alone; timing jobs have the GPU alone,
+    and a task's first profile also times both baselines: 66 teachers' profile turns held an H200's
+    collection to ~11 min)."""
     rft_policy_rollouts: bool = True
     """The rft collection also rolls out the policy on a task file's tasks (keeping reward > 0);
     off: demonstrations only (a random-weight model's rollouts of thousands of tokens are never

@@ -49,17 +49,22 @@ def demo_tasks(limit: int | None = None, names: tuple[str, ...] = ()) -> list[De
     return out
 
 
-def demo_script(files: dict[str, str]) -> list[tuple]:
-    """The turns of a demonstration: read, write the solution, compile, verify, profile, finish."""
+def demo_script(files: dict[str, str], *, profile: bool = True) -> list[tuple]:
+    """The turns of a demonstration: read, write the solution, compile, verify, profile (unless
+    `profile` is off), finish."""
     writes = tuple(WriteFile(path=path, content=text) for path, text in files.items())
-    return [(ReadFile(path="model.py"),), writes, (Compile(),), (Verify(),), (Profile(),), (Finish(summary="done"),)]
+    timed = [(Profile(),)] if profile else []
+    return [(ReadFile(path="model.py"),), writes, (Compile(),), (Verify(),), *timed, (Finish(summary="done"),)]
 
 
-def demo_engine(renderer: ChatRenderer, demos: list[DemoTask]) -> ScriptedEngine:
-    """A policy that plays each demo task's script; sessions are `task_id/...` (the orchestrator's)."""
-    scripts = {d.task.task_id: demo_script(d.files) for d in demos}
+def demo_engine(renderer: ChatRenderer, demos: list[DemoTask], *, profile: bool = True) -> ScriptedEngine:
+    """A policy that plays each demo task's script; sessions are `task_id/...` (the orchestrator's).
+    `profile` off: no profile turn. A profile job has its GPU alone and its first call per task
+    times both baselines, torch.compile's build included, so 66 untimed teachers would spend most
+    of their collection waiting on profiles nothing learns from."""
+    scripts = {d.task.task_id: demo_script(d.files, profile=profile) for d in demos}
     notes = ["Reading the reference.", "Writing kernels, bindings and model_new.py.", "Compiling.",
-             "Verifying.", "Profiling.", "Done."]
+             "Verifying.", *(["Profiling."] if profile else []), "Done."]
 
     def script(session: str, turn: int) -> str:
         turns = scripts[session.split("/", 1)[0]]

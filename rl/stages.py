@@ -252,8 +252,8 @@ async def collect_trajectories(run: Run, tasks: list[Task], stage: str) -> list[
         demo_items = [WorkItem(task=d.task, group_id=d.task.task_id, samples=1) for d in demos]
         script = RolloutConfig(max_turns=12, max_new_tokens=16384, max_context_tokens=cfg.rollout.max_context_tokens)
         scorer = run.scorer if cfg.data.time_demos else run.untimed_scorer()
-        trajs += await run.rollouts(demo_items, tag="rft_demos", engine=demo_engine(run.renderer, demos),
-                                    rollout=script, scorer=scorer)
+        engine = demo_engine(run.renderer, demos, profile=cfg.data.time_demos)
+        trajs += await run.rollouts(demo_items, tag="rft_demos", engine=engine, rollout=script, scorer=scorer)
     if stage == "value" or (cfg.data.tasks != "demos" and (cfg.data.rft_policy_rollouts or not demos_given)):
         trajs += await run.rollouts(items, tag=f"{stage}_collect")
     return trajs

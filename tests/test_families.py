@@ -20,7 +20,7 @@ import torch
 from agentcore.chat import ChatRenderer
 from agentcore.tiny_tokenizer import load_tokenizer
 from agentcore.toolparse import tool_schemas
-from agentcore.types import Compile, Verify, WriteFile
+from agentcore.types import Compile, Finish, Profile, Verify, WriteFile
 from rewards.env import pristine_files, static_verdict
 from rewards.static.checks import check_workspace
 from rl.data import families as fam
@@ -166,6 +166,40 @@ def test_a_scripted_trajectory_writes_the_teacher_files_then_compiles_and_verifi
         writes = {c.path: c.content for c in turns[1].calls if isinstance(c, WriteFile)}
         assert writes == demo.files
         assert isinstance(turns[2].calls[0], Compile) and isinstance(turns[3].calls[0], Verify)
+
+
+@pytest.mark.parametrize("timed", [False, True])
+async def test_untimed_teachers_finish_after_verify_and_never_call_profile(split, tiny_tokenizer_dir, timed):
+    """The rft collection plays the teachers with a profile turn only under `data.time_demos`: a
+    profile job has the GPU alone and times both baselines of a task the first time."""
+    from rl.config import apply_overrides
+    from rl.recipes import smoke_cpu
+    from rl.stages import collect_trajectories
+
+    renderer = ChatRenderer(load_tokenizer(tiny_tokenizer_dir), tool_schemas(), "hermes")
+    cfg = apply_overrides(smoke_cpu(), ["data.tasks=families", "data.family_scale=0.01", "data.demos=2",
+                                        "data.rft_policy_rollouts=false", f"data.time_demos={str(timed).lower()}"])
+    engines = []
+
+    class Recording:  # what the collection hands the orchestrator
+        def __init__(self):
+            self.cfg, self.renderer, self.scorer = cfg, renderer, None
+
+        def untimed_scorer(self):
+            return None
+
+        async def rollouts(self, items, *, tag, engine=None, **_):
+            engines.append((tag, [i.task.task_id for i in items], engine))
+            return []
+
+    await collect_trajectories(Recording(), [], "rft")
+    [(tag, ids, engine)] = engines
+    assert tag == "rft_demos" and len(ids) == 2
+    turns = [renderer.parser.parse(engine.script(f"{ids[0]}/0", i)) for i in range(6)]
+    calls = [type(t.calls[0]) for t in turns]
+    assert calls[2:4] == [Compile, Verify]
+    assert (Profile in calls) is timed
+    assert calls[5 if timed else 4] is Finish
 
 
 def torch_has_cuda_headers() -> bool:

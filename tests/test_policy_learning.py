@@ -155,6 +155,17 @@ def test_one_seed_of_plumbing_on_the_cpu(tmp_path: Path):
         assert row.seconds > 0
 
 
+def test_gpus_are_indices_among_the_gpus_this_process_sees(monkeypatch):
+    from bench.system.policy_learning import child_device
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert child_device("1") == "1"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert [child_device(g) for g in ("0", "1")] == ["2", "3"]
+    with pytest.raises(SystemExit, match="sees 2 GPU"):
+        child_device("2")
+
+
 @pytest.mark.slow
 def test_seeds_run_at_once_one_child_per_gpu(tmp_path: Path):
     # Two "GPUs" that are only CUDA_VISIBLE_DEVICES values: the children run on the CPU.

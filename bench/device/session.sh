@@ -54,9 +54,10 @@ for d in $S/*_*/; do
   fi
 done
 # Every step's log and OUT so far, finished or running, in one file: the run tool brings back only a few
-# files from $OUT, and the machine may go back before a step ends.
+# files from $OUT, and the machine may go back before a step ends. Rollouts stay in: their per-turn tool
+# results and timings say where a run's time went.
 tar czf $OUT/session.tgz -C $S --exclude="*.so" --exclude="*.safetensors" --exclude="*.pt" --exclude="*.whl" \
-  --exclude="*.distcp" --exclude=ckpt --exclude=hf --exclude=weights --exclude=rollouts \
+  --exclude="*.distcp" --exclude=ckpt --exclude=hf --exclude=weights \
   $(cd $S && ls -d *_*/ 2>/dev/null) 2>/dev/null
 echo "session.tgz: $(du -h $OUT/session.tgz | cut -f1)"
 waiting=$(( $(cat $S/queue*/steps | wc -l) - $(ls -d $S/*_*/ 2>/dev/null | wc -l) ))

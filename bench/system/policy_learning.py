@@ -254,6 +254,8 @@ def main_policy(policy: str, seeds: int, out: Path, overrides: list[str], *, cpu
     base = base_config(policy, cpu=cpu)
     out.mkdir(parents=True, exist_ok=True)
     if gpus:
+        for gpu in gpus:  # a --gpus entry beyond the visible GPUs is an error before any seed starts
+            child_device(gpu)
         if base.model.path:  # a named model is built once here, not by every child at once
             from rl.pretrained import resolve_model
 
@@ -301,11 +303,23 @@ async def _child(policy: str, seed: int, out: Path, overrides: list[str], cpu: b
         argv += ["--set", kv]
     path = _seed_log(out, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
-    log.info("seed %d on GPU %s: %s", seed, gpu, path)
+    visible = child_device(gpu)
+    log.info("seed %d on GPU %s (CUDA_VISIBLE_DEVICES=%s): %s", seed, gpu, visible, path)
     with path.open("ab") as f:
         done = await anyio.run_process(argv, stdout=f, stderr=f, check=False,
-                                       env=dict(os.environ, CUDA_VISIBLE_DEVICES=gpu))
+                                       env=dict(os.environ, CUDA_VISIBLE_DEVICES=visible))
     return done.returncode
+
+
+def child_device(gpu: str) -> str:
+    """The CUDA_VISIBLE_DEVICES of the child for `--gpus` entry `gpu`, an index among the GPUs this
+    process sees: under CUDA_VISIBLE_DEVICES=2,3, `--gpus 0,1` means GPUs 2 and 3."""
+    seen = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if not seen or not gpu.isdigit():
+        return gpu
+    if int(gpu) >= len(seen):
+        raise SystemExit(f"--gpus {gpu}: this process sees {len(seen)} GPU(s) (CUDA_VISIBLE_DEVICES={','.join(seen)})")
+    return seen[int(gpu)]
 
 
 def _seed_log(out: Path, seed: int) -> Path:
@@ -341,7 +355,7 @@ def _write(out: Path, policy: str, results: list[SeedResult]) -> dict[str, Any]:
     return v
 
 
-__all__ = ["SeedResult", "base_config", "main_policy", "main_seed", "mean_se", "run_seed", "seed_configs",
+__all__ = ["SeedResult", "base_config", "child_device", "main_policy", "main_seed", "mean_se", "run_seed", "seed_configs",
            "share_demonstrations", "verdicts"]
 
 

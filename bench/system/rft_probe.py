@@ -80,14 +80,15 @@ class Verdict(Struct, frozen=True, kw_only=True):
 
 
 def teacher_trajectories(demos: list[DemoTask], renderer: ChatRenderer) -> list[Trajectory]:
-    """The scripted trajectory of each demo (read, write, compile, verify, profile, finish)."""
+    """The scripted trajectory of each demo as the smoke's rft collection plays it (read, write,
+    compile, verify, finish: the smoke's teachers are untimed)."""
     async def run_all() -> list[Trajectory]:
         root = Path(tempfile.mkdtemp(prefix="rft-probe-ws-"))
         root.chmod(0o711)  # the sandbox's unprivileged uid traverses it
         tools = WorkspaceTools(root=root, sandbox=Sandbox(), kernel_env=FakeKernelEnv())
         script = RolloutConfig(max_turns=12, max_new_tokens=16384, max_context_tokens=16384)
-        runner = RolloutRunner(engine=demo_engine(renderer, demos), renderer=renderer, parser=renderer.parser,
-                               config=script)
+        engine = demo_engine(renderer, demos, profile=False)
+        runner = RolloutRunner(engine=engine, renderer=renderer, parser=renderer.parser, config=script)
         out = []
         try:
             for d in demos:
