@@ -184,23 +184,22 @@ class FakeSGLangServer:
     # HTTP/1.1 -------------------------------------------------------------------------------
 
     async def _connection(self, stream: SocketStream) -> None:
+        gone = (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, anyio.ClosedResourceError)
         async with stream:
             reader = BufferedByteReceiveStream(stream)
             while True:
                 try:
                     head = await reader.receive_until(b"\r\n\r\n", 65536)
-                except (
-                    anyio.EndOfStream,
-                    anyio.IncompleteRead,
-                    anyio.BrokenResourceError,
-                    anyio.ClosedResourceError,
-                ):
+                except gone:
                     return
                 lines = head.decode("latin-1").split("\r\n")
                 method, target, _ = lines[0].split(" ", 2)
                 headers = dict(_split_header(line) for line in lines[1:] if ":" in line)
                 length = int(headers.get("content-length", "0"))
-                body = await reader.receive_exactly(length) if length else b""
+                try:  # a client killed between a request's head and its body (a SIGINT'd run)
+                    body = await reader.receive_exactly(length) if length else b""
+                except gone:
+                    return
                 status, payload = await self._dispatch(method, target.split("?")[0], body)
                 keep = headers.get("connection", "").lower() != "close"
                 try:
