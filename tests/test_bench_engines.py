@@ -22,14 +22,14 @@ def test_both_engines_are_measured_side_by_side_on_a_tiny_model(tiny_hf_dir, tmp
     report = orjson.loads((out / "engines.json").read_bytes())
     results = report["results"]
     assert rc == 0, results
-    for name in ("embedded", "sglang"):
+    for name in ("embedded", "embedded_static", "sglang"):
         r = results[name]
         assert r["ttft_ms"] > 0 and r["tokens_1"] == 4 and r["tokens_3"] == 12, (name, r)
         assert r["tokens_per_s_3"] > 0 and len(r["weight_sync_all_s"]) == 2
         assert r["released_gib"] is None  # no GPU to read free memory from
     assert results["sglang"]["server_start_s"] > 0
     table = (out / "engines.md").read_text()
-    assert "| measure | embedded | sglang |" in table and "| tokens/s at 3 sequences |" in table
+    assert "| measure | embedded | embedded_static | sglang |" in table and "| tokens/s at 3 sequences |" in table
 
 
 def test_an_engine_that_fails_is_a_row_of_its_own(tiny_hf_dir, tmp_path):

@@ -18,7 +18,8 @@ fi
 [ "${SMOKE:-1}" = 1 ] || exit 0
 # The run directory lives in $OUT/run, so a step of session.sh that the machine's time cuts short still brings
 # back its held-out rows and metrics (session.sh packs $OUT without checkpoints and weights).
-timeout ${SMOKE_S:-560} python3 -m agentcore.cli smoke --out $OUT/run > $OUT/smoke.log 2>&1; echo "smoke rc $? at $((SECONDS-T0)) s"
+EXTRA=""; for kv in ${SETS:-}; do EXTRA="$EXTRA --set $kv"; done  # SETS: dotted overrides of the smoke recipe
+timeout ${SMOKE_S:-560} python3 -m agentcore.cli smoke --out $OUT/run $EXTRA > $OUT/smoke.log 2>&1; echo "smoke rc $? at $((SECONDS-T0)) s"
 cp $OUT/run/metrics.jsonl $OUT/smoke_metrics.jsonl 2>/dev/null
 cp $OUT/run/summary.json $OUT/run/heldout.jsonl $OUT/ 2>/dev/null
 tar czf $OUT/rollouts.tgz -C $OUT/run rollouts families_split.json 2>/dev/null

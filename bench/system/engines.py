@@ -4,6 +4,7 @@ What it is: the model served two ways in turn, each next to a learner `Rank` on 
 `cuda-agent train`:
 - embedded: `rl.engine.EmbeddedEngine` in this process behind its SGLang-compatible HTTP server
   (`rl.learner.rank.serve`); weights arrive by the rank's in-place copy;
+- embedded_static: the same with `static_decode` (fixed-shape decode steps replayed as CUDA graphs);
 - sglang: `python -m sglang.launch_server` started through `agentcore.sglang.SGLangServer`; weights
   arrive as CUDA-IPC buckets (`weight_sync.mode=sglang_tensor`, the rank's colocated client).
 Both are driven by the same `SGLangClient` over HTTP. Per engine:
@@ -134,7 +135,7 @@ async def weights_and_memory(rank: Rank, load: Load, sglang: bool) -> dict[str, 
 def train_config(model_dir: str, kind: str, url: str = "") -> TrainConfig:
     ws = WeightSyncConfig(mode="sglang_tensor" if kind == "sglang" else "embedded")
     engine = EngineSection(kind="sglang", urls=(url,)) if kind == "sglang" else EngineSection(
-        embedded=EmbeddedEngineConfig(max_batch_size=64))
+        embedded=EmbeddedEngineConfig(max_batch_size=64, static_decode=kind == "embedded_static"))
     model = ModelConfig(path=model_dir, gradient_checkpointing=False, attn_implementation="sdpa")
     return TrainConfig(model=model, engine=engine, weight_sync=ws)
 
@@ -167,13 +168,14 @@ async def wait_healthy(url: str, timeout_s: float = 120.0) -> None:
                 await anyio.sleep(0.2)
 
 
-async def measure_embedded(model_dir: str, vocab: int, load: Load, dist: Dist) -> dict[str, Any]:
+async def measure_embedded(model_dir: str, vocab: int, load: Load, dist: Dist,
+                           kind: str = "embedded") -> dict[str, Any]:
     async def body(rank: Rank, url: str) -> dict[str, Any]:
         await rank.sync(Empty())  # the engine's weights arrive with the first sync
         gen = await generation(url, vocab, load)
         return gen | await weights_and_memory(rank, load, sglang=False)
 
-    return await with_rank(train_config(model_dir, "embedded"), dist, body)
+    return await with_rank(train_config(model_dir, kind), dist, body)
 
 
 async def measure_sglang(model_dir: str, vocab: int, load: Load, dist: Dist, args: argparse.Namespace) -> dict[str, Any]:
@@ -242,12 +244,12 @@ async def run(args: argparse.Namespace) -> int:
     for kind in args.engines.split(","):
         print(f"engines: {kind} ...", file=sys.stderr, flush=True)
         try:
-            if kind == "embedded":
-                results[kind] = await measure_embedded(model_dir, vocab, load, dist)
+            if kind in ("embedded", "embedded_static"):
+                results[kind] = await measure_embedded(model_dir, vocab, load, dist, kind)
             elif kind == "sglang":
                 results[kind] = await measure_sglang(model_dir, vocab, load, dist, args)
             else:
-                raise SystemExit(f"--engines: unknown engine {kind!r} (embedded, sglang)")
+                raise SystemExit(f"--engines: unknown engine {kind!r} (embedded, embedded_static, sglang)")
         except SystemExit:
             raise
         except Exception as exc:  # noqa: BLE001 - one engine failing is a result; the other still runs
@@ -268,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.system.engines", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m",
                    help="a named model (rl.pretrained), a Hugging Face directory, or random:0.5b / random:1.5b")
-    p.add_argument("--engines", default="embedded,sglang")
+    p.add_argument("--engines", default="embedded,embedded_static,sglang")
     p.add_argument("--out", default="engines-out")
     p.add_argument("--model-cache", default=os.path.join(tempfile.gettempdir(), "cuda-agent-engines"),
                    help="where random:SIZE models are written")

@@ -355,7 +355,8 @@ def _write(out: Path, policy: str, results: list[SeedResult]) -> dict[str, Any]:
     return v
 
 
-__all__ = ["SeedResult", "base_config", "child_device", "main_policy", "main_seed", "mean_se", "run_seed", "seed_configs",
+__all__ = ["SeedResult", "base_config", "child_device", "main_policy", "main_seed", "mean_se", "run_seed",
+           "seed_configs",
            "share_demonstrations", "verdicts"]
 
 

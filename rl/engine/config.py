@@ -36,6 +36,13 @@ class EmbeddedEngineConfig(Struct, frozen=True, kw_only=True):
     64). The backend flags are process-wide while an engine forward runs."""
     decode_chunk_steps: int = 16
     """Decode steps per worker-thread hop (fewer when a row finishes)."""
+    static_decode: bool = False
+    """Decode a batch whose rows do not change over preallocated KV buffers at fixed shapes
+    (`rl.engine.static_decode`; Llama and Qwen2 families): rows padded to a power of two, KV
+    columns to a power of two. Rows joining or finishing still go through transformers' forward."""
+    cuda_graphs: bool = True
+    """With `static_decode` on a GPU: capture each fixed shape's step as a CUDA graph and replay it
+    (a small model's decode step is launch-bound)."""
     max_queued_requests: int = 4096
     """Requests waiting for a batch; `generate` blocks beyond that."""
 

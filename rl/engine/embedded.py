@@ -7,9 +7,11 @@ class). Weights are updated in place by the learner (`update_weights`, or bucket
 `begin_update` / `load_bucket` / `end_update`); every `Generation` reports the weight version
 that produced all of its tokens, because updates wait for the running batch to drain.
 
-What it is not: a production server (no paged attention, prefix cache or CUDA graphs: SGLang
-is that) nor an HTTP server (`rl.engine.server` puts SGLang's protocol in front of it). Parts:
+What it is not: a production server (no paged attention or prefix cache: SGLang is that; CUDA
+graphs only with `static_decode`, for a batch whose rows do not change) nor an HTTP server
+(`rl.engine.server` puts SGLang's protocol in front of it). Parts:
 `rl.engine.runner.ModelRunner` (the model on its device: prefill, decode, weight copies),
+`rl.engine.static_decode` (fixed-shape decode steps, replayed as CUDA graphs),
 `rl.engine.batch` (the running batch, sampling), `rl.engine.config` (config and statistics
 Structs); this module is the scheduler and the API.
 

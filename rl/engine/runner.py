@@ -30,6 +30,7 @@ from rl.engine.batch import Batch as _Batch
 from rl.engine.batch import Request as _Request
 from rl.engine.batch import sample
 from rl.engine.config import EmbeddedEngineConfig
+from rl.engine.static_decode import StaticDecoder, supports
 from rl.learner.models import place_model
 
 _SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -61,6 +62,11 @@ class ModelRunner:
         self.rng = torch.Generator(device=self.device)
         self.rng.seed()
         self.counts = collections.Counter[str]()
+        self.static = (
+            StaticDecoder(self.model, device=self.device, graphs=config.cuda_graphs,
+                          attention=lambda: decoding_attention(self.device, config.avoid_cudnn_attention))
+            if config.static_decode and self.mergeable and supports(self.model) else None
+        )
 
 
     def new_cache(self) -> Any:
@@ -124,16 +130,49 @@ class ModelRunner:
     @torch.inference_mode()
     def decode_chunk(self, batch: _Batch) -> list[_Request]:
         """Up to `decode_chunk_steps` steps, stopping early when a row finishes."""
+        steps = self.config.decode_chunk_steps
+        if self.static is not None and batch.mask.shape[1] + steps <= self.config.max_context_tokens:
+            return self.static_chunk(batch, steps)
         finished: list[_Request] = []
-        for _ in range(self.config.decode_chunk_steps):
+        for _ in range(steps):
             finished += self.step(batch)
             if finished or not batch.rows:
                 break
         return finished
 
+    def static_chunk(self, batch: _Batch, steps: int) -> list[_Request]:
+        """`decode_chunk` over the static decoder: while no row finishes, each step is one
+        fixed-shape forward (a graph replay on a GPU); the step where rows finish hands the batch
+        back to `step`'s retiring and transformers' forward."""
+        assert self.static is not None
+        self.static.begin(batch, steps)
+        logits, done = batch.logits, 0
+        try:
+            for _ in range(steps):
+                tokens, keep, finished = self.draw(batch, logits)
+                if finished:
+                    self.static.end(batch, done)
+                    self.advance(batch, tokens, keep, finished)
+                    return finished
+                logits = self.static.step(tokens)
+                done += 1
+                self.counts["static_steps"] += 1
+        finally:
+            if self.static.live is not None:
+                self.static.end(batch, done)
+        self.counts["graph_captures"] = self.static.captures
+        return []
+
     def step(self, batch: _Batch) -> list[_Request]:
         """Sample one token per row, retire finished rows, feed the rest one token further."""
-        tokens, logprobs = sample(batch.logits, batch.sampling, self.rng)  # [B], [B]
+        tokens, keep, finished = self.draw(batch, batch.logits)
+        self.advance(batch, tokens, keep, finished)
+        return finished
+
+    def draw(self, batch: _Batch, logits: Tensor) -> tuple[Tensor, list[int], list[_Request]]:
+        """Sample one token per row from `logits` and append it; (tokens [B], the rows that go on,
+        the rows that finished)."""
+        tokens, logprobs = sample(logits, batch.sampling, self.rng)  # [B], [B]
         self.counts["steps"] += 1
         self.counts["row_steps"] += len(batch.rows)
         self.counts["max_rows"] = max(self.counts["max_rows"], len(batch.rows))
@@ -149,6 +188,10 @@ class ModelRunner:
                 keep.append(i)
             else:
                 finished.append(req)
+        return tokens, keep, finished
+
+    def advance(self, batch: _Batch, tokens: Tensor, keep: list[int], finished: list[_Request]) -> None:
+        """Retire `finished` rows, then feed the others' `tokens` through transformers' forward."""
         if finished:
             tokens = tokens[torch.tensor(keep, dtype=torch.long, device=tokens.device)]
             batch.select(keep, self.mergeable)
@@ -158,7 +201,6 @@ class ModelRunner:
                 tokens[:, None], batch.mask, batch.positions[:, None], batch.cache
             )
             batch.positions = batch.positions + 1
-        return finished
 
     def copy_weights(self, items: list[tuple[str, Tensor]]) -> None:
         targets = dict(self.model.named_parameters())
@@ -179,6 +221,8 @@ class ModelRunner:
                 targets[name].data.copy_(tensor)  # converts dtype and device
 
     def move_weights(self, device: str | torch.device | None) -> None:
+        if self.static is not None:  # its buffers are KV memory, its graphs hold the weights' addresses
+            self.static.release()
         if device is not None:
             self.model.to(device)
         gc.collect()
