@@ -145,7 +145,8 @@ class StaticDecoder:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool), self._attention():
+        # thread_local: another thread of the process (a background checkpoint's copies) may use CUDA meanwhile
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"), self._attention():
             self._forward(s)
         s.graph = graph
         self.captures += 1
