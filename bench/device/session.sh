@@ -14,7 +14,9 @@
 # packs every step's log and OUT so far into $OUT/session.tgz (NN_NAME/log, NN_NAME/out/...), and prints
 # where the queues stand. A step's exit status
 # does not stop its queue. Call again at once (the machine goes back after 30 s idle, and after 30 minutes
-# held); a fresh machine starts the queues from the top.
+# held); a fresh machine starts the queues from the top. The steps run in a copy of the first call's working
+# tree (/tmp/session/tree), so what that call carried stays theirs; files a later call brings reach them
+# only through /tmp (preamble.sh parks wheel parts in /tmp/parts; copy anything else there yourself).
 source "$(dirname "$0")/preamble.sh"
 S=/tmp/session
 if [ ! -f $S/started ]; then
@@ -24,12 +26,17 @@ if [ ! -f $S/started ]; then
     f=${lane#*=}
     [ -f "$f" ] || { echo "session.sh: STEPS (or each LANES entry's file) must name a file of 'NAME: COMMAND' lines: $f"; exit 2; }
   done
+  # The queues run in a copy of this call's working tree: every later call re-syncs the working tree, removing
+  # what it does not carry (a step's inputs, even a tracked file for a moment) under a running step.
+  mkdir -p $S/tree && tar -C . --exclude=./device-out -cf - . | tar -C $S/tree -xf -
   k=0
   for lane in $LANES; do
     k=$((k + 1)); gpus=${lane%%=*}; q=$S/queue$k; [ "$gpus" = - ] && prefix="" || prefix="g${gpus//,/}_"
     mkdir -p $q; grep -v '^[[:space:]]*\(#\|$\)' "${lane#*=}" > $q/steps
     setsid bash -c '
       S=$0 q=$1 gpus=$2 prefix=$3; n=0
+      cd $S/tree && export PYTHONPATH=$S/tree PATH=$S/tree/.bwrap/usr/bin:$PATH
+      export LD_LIBRARY_PATH=$S/tree/.bwrap/lib/x86_64-linux-gnu:$S/tree/.bwrap/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
       [ "$gpus" = - ] || export CUDA_VISIBLE_DEVICES=$gpus
       while IFS= read -r line; do
         n=$((n + 1)); name=$(printf "%s%02d_%s" "$prefix" $n "$(echo "${line%%:*}" | tr -c "A-Za-z0-9_\n-" _)")
