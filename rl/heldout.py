@@ -79,6 +79,9 @@ class Row(Struct, frozen=True, kw_only=True):
     `data.heldout_temperature` (0: not recorded)."""
     seconds: float = 0.0
     """Wall time of the evaluation: rollouts and final evaluations."""
+    shared_from: str = ""
+    """Not evaluated in this run: the run directory whose evaluation of the same weights this row
+    is (a greedy evaluation of the same actor gives the same rollouts)."""
 
 
 def read_rows(run_dir: str | Path) -> list[Row]:

@@ -101,6 +101,29 @@ def test_a_seed_copies_the_finished_demonstrations_of_another_seed_with_the_same
     assert share_demonstrations(few, tmp_path) is None
 
 
+def test_seeds_after_the_first_share_its_greedy_evaluation_of_the_pretrained_policy(tmp_path):
+    from bench.system.policy_learning import shared_base_row
+    from rl.heldout import Row, append_row
+
+    ppo0, ppo1 = (seed_configs(learning(), tmp_path, k, [])[0] for k in (0, 1))
+    assert shared_base_row(ppo1, tmp_path) is None  # nothing evaluated yet
+    r = ppo0.rollout
+    row = Row(label="before_rft", weight_version=0, tasks=17, trajectories=17, pass_rate=0.0, reward_mean=-1.0,
+              faster_than_eager_rate=0.0, scored=17.0, parse_error_rate=1.0, turns_mean=4.0, by_task={},
+              max_turns=r.max_turns, max_new_tokens=r.max_new_tokens, max_context_tokens=r.max_context_tokens,
+              temperature=0.0, seconds=171.0)
+    Path(ppo0.run_dir).mkdir(parents=True)
+    append_row(Path(ppo0.run_dir), row)
+    shared = shared_base_row(ppo1, tmp_path)
+    assert shared == msgspec.structs.replace(row, shared_from=str(Path(ppo0.run_dir)))
+    assert shared_base_row(ppo0, tmp_path) is None  # not its own
+    sampled = seed_configs(learning(), tmp_path, 1, ["data.heldout_temperature=1.0"])[0]
+    longer = seed_configs(learning(), tmp_path, 1, ["rollout.max_new_tokens=4096"])[0]
+    random_init = seed_configs(apply_overrides(learning(), ['model.path=""', "model.hf_config={}"]), tmp_path, 1, [])[0]
+    assert shared_base_row(sampled, tmp_path) is None and shared_base_row(longer, tmp_path) is None
+    assert shared_base_row(random_init, tmp_path) is None  # its weights follow the seed
+
+
 @pytest.mark.slow
 def test_a_run_stopped_in_a_held_out_evaluation_does_it_when_resumed(tmp_path: Path):
     """The checkpoint at a stage's end is written before the stage's held-out evaluation: a run
@@ -148,7 +171,8 @@ def test_one_seed_of_plumbing_on_the_cpu(tmp_path: Path):
     control = read_rows(tmp_path / "seed0" / "control")
     assert [r.label for r in control] == ["before_ppo", "after_ppo"]
     after_rft = next(r for r in read_rows(tmp_path / "seed0" / "ppo") if r.label == "after_rft")
-    assert control[0] == msgspec.structs.replace(after_rft, label="before_ppo")  # the same actor: not evaluated again
+    assert control[0] == msgspec.structs.replace(after_rft, label="before_ppo",  # the same actor: not evaluated again
+                                                 shared_from=str(tmp_path / "seed0" / "ppo"))
     for row in read_rows(tmp_path / "seed0" / "ppo"):  # the recipe's limits, recorded with each row
         assert (row.max_turns, row.max_new_tokens, row.temperature) == (
             cpu.rollout.max_turns, cpu.rollout.max_new_tokens, cpu.data.heldout_temperature)

@@ -49,7 +49,7 @@ from msgspec import Struct
 from agentcore import runtime
 from rl.config import TrainConfig, apply_overrides
 from rl.heldout import FILE as HELDOUT_FILE
-from rl.heldout import Row, append_row, read_rows
+from rl.heldout import Row, append_row, expected_labels, read_rows
 from rl.recipes import learning, smoke_cpu
 from rl.stages import demonstrations, stage_plan
 from rl.train import mark_run, run_training
@@ -97,7 +97,7 @@ def run_seed(base: TrainConfig, out: Path, seed: int, overrides: list[str]) -> S
     share_demonstrations(ppo, out)
     for cfg in (ppo, control):
         if not any(r.label == "after_ppo" for r in read_rows(cfg.run_dir)):
-            _train(cfg, starting_row(ppo) if cfg is control else None)
+            _train(cfg, starting_row(ppo) if cfg is control else shared_base_row(ppo, out))
     return SeedResult(seed=seed, ppo=_by_label(ppo.run_dir), control=_by_label(control.run_dir),
                       wall_s=time.monotonic() - t0)
 
@@ -109,7 +109,26 @@ def starting_row(ppo: TrainConfig) -> Row | None:
     rows = {r.label: r for r in read_rows(ppo.run_dir)}
     if "after_rft" not in rows or ppo.data.heldout_temperature != 0.0:
         return None
-    return msgspec.structs.replace(rows["after_rft"], label="before_ppo")
+    return msgspec.structs.replace(rows["after_rft"], label="before_ppo", shared_from=str(ppo.run_dir))
+
+
+def shared_base_row(ppo: TrainConfig, out: Path) -> Row | None:
+    """The pretrained policy's first held-out row (`before_rft`) from another seed's run, when it
+    is greedy and under the same limits: every seed starts from the same weights, so the seeds
+    run one after another on one GPU evaluate it once. None for a random-init model (its weights
+    follow the seed) or a sampled evaluation."""
+    label = expected_labels(ppo)[0]
+    if not ppo.model.path or ppo.data.heldout_temperature != 0.0:
+        return None
+    limits = (ppo.rollout.max_turns, ppo.rollout.max_new_tokens, ppo.rollout.max_context_tokens, 0.0)
+    for other in sorted(out.glob("seed*/ppo")):
+        if other.resolve() == Path(ppo.run_dir).resolve():
+            continue
+        for row in read_rows(other):
+            if (row.label == label and not row.shared_from
+                    and (row.max_turns, row.max_new_tokens, row.max_context_tokens, row.temperature) == limits):
+                return msgspec.structs.replace(row, shared_from=str(other))
+    return None
 
 
 DEMOS_FILE = Path("rollouts") / "rft_demos.jsonl"
@@ -192,6 +211,8 @@ def markdown(results: list[SeedResult], policy: str, v: dict[str, Any]) -> str:
         diff = (f"{_reward(r.ppo['after_ppo']) - _reward(r.control['after_ppo']):+.3f}"
                 if "after_ppo" in r.ppo and "after_ppo" in r.control else "-")
         lines.append(f"| {r.seed} | " + " | ".join(cells) + f" | {diff} | {r.wall_s:.0f} |")
+    if any(row.shared_from for r in results for row in (*r.ppo.values(), *r.control.values())):
+        lines += ["", "\\* the same weights' greedy evaluation in another run, not repeated (`Row.shared_from`)."]
     rft = v["after_rft_pass_rate"]
     rft_text = "-" if rft is None else f"{100 * rft:.1f}%"
     lines += ["",
@@ -206,7 +227,7 @@ def markdown(results: list[SeedResult], policy: str, v: dict[str, Any]) -> str:
 def _cell(row: Row | None) -> str:
     if row is None:
         return "-"
-    return f"{_reward(row):+.3f} / {100 * row.pass_rate:.0f}%"
+    return f"{_reward(row):+.3f} / {100 * row.pass_rate:.0f}%" + (" *" if row.shared_from else "")
 
 
 def plot(results: list[SeedResult], path: Path) -> Path | None:
@@ -356,7 +377,7 @@ def _write(out: Path, policy: str, results: list[SeedResult]) -> dict[str, Any]:
 
 
 __all__ = ["SeedResult", "base_config", "child_device", "main_policy", "main_seed", "mean_se", "run_seed",
-           "seed_configs",
+           "seed_configs", "shared_base_row",
            "share_demonstrations", "verdicts"]
 
 
