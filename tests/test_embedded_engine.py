@@ -175,11 +175,11 @@ async def test_kv_slot_budget_bounds_the_batch(hf_config, prompts):
     assert [g.token_ids for g in together] == [g.token_ids for g in alone]
 
 
-async def test_request_joins_a_running_batch(hf_config, prompts):
-    long_job, late_job = (prompts[1], params(40, **GREEDY)), (prompts[2], params(6, **GREEDY))
-    engine = make_engine(hf_config)
+async def late_join(engine: EmbeddedEngine, long_job, late_job, after_steps: int) -> tuple[list, list, list]:
+    """Each job alone, then `late_job` sent once `long_job` has decoded `after_steps` steps:
+    (the tokens alone, the long job's and the late job's tokens together)."""
     async with engine.running():
-        alone = [await engine.generate(*job, session_id="solo") for job in (long_job, late_job)]
+        alone = [(await engine.generate(*job, session_id="solo")).token_ids for job in (long_job, late_job)]
         steps = engine.statistics().decode_steps
         with anyio.fail_after(BOUND_S):
             async with anyio.create_task_group() as tg:
@@ -189,12 +189,18 @@ async def test_request_joins_a_running_batch(hf_config, prompts):
                     first.append(await engine.generate(*long_job, session_id="long"))
 
                 tg.start_soon(long_request)
-                await wait_until(lambda: engine.statistics().decode_steps >= steps + 3)
+                await wait_until(lambda: engine.statistics().decode_steps >= steps + after_steps)
                 late = await engine.generate(*late_job, session_id="late")
                 assert engine.statistics().running == 1  # the long one is still decoding
+    return alone, first[0].token_ids, late.token_ids
+
+
+async def test_request_joins_a_running_batch(hf_config, prompts):
+    long_job, late_job = (prompts[1], params(40, **GREEDY)), (prompts[2], params(6, **GREEDY))
+    engine = make_engine(hf_config)
+    alone, first, late = await late_join(engine, long_job, late_job, 3)
     assert engine.statistics().max_batch_size == 2
-    assert first[0].token_ids == alone[0].token_ids
-    assert late.token_ids == alone[1].token_ids
+    assert [first, late] == alone
 
 
 async def test_seeded_sampling_is_reproducible_in_any_batch(hf_config, prompts):

@@ -8,22 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import anyio
 import pytest
 import torch
 
-from agentcore.engine import Generation
 from agentcore.tiny_tokenizer import load_tokenizer
 from rl.engine.static_decode import supports
-from tests.test_embedded_engine import (
-    BOUND_S,
-    GREEDY,
-    full_forward_logprobs,
-    gather,
-    make_engine,
-    params,
-    wait_until,
-)
+from tests.test_embedded_engine import GREEDY, full_forward_logprobs, gather, late_join, make_engine, params
 
 
 def _llama(vocab: int) -> dict[str, Any]:
@@ -86,21 +76,9 @@ async def test_static_sampled_logprobs_equal_a_full_forward_pass(family, prompts
 async def test_a_request_joining_a_static_batch_gets_the_tokens_it_gets_alone(family, prompts):
     long_job, late_job = (prompts[1], params(60, **GREEDY)), (prompts[2], params(9, **GREEDY))
     engine = make_engine(family, static_decode=True, decode_chunk_steps=4)
-    async with engine.running():
-        alone = [await engine.generate(*job, session_id="solo") for job in (long_job, late_job)]
-        steps = engine.statistics().decode_steps
-        with anyio.fail_after(BOUND_S):
-            async with anyio.create_task_group() as tg:
-                first: list[Generation] = []
-
-                async def long_request() -> None:
-                    first.append(await engine.generate(*long_job, session_id="long"))
-
-                tg.start_soon(long_request)
-                await wait_until(lambda: engine.statistics().decode_steps >= steps + 10)
-                late = await engine.generate(*late_job, session_id="late")
-    assert first[0].token_ids == alone[0].token_ids
-    assert late.token_ids == alone[1].token_ids
+    alone, first, late = await late_join(engine, long_job, late_job, 10)
+    assert engine.statistics().max_batch_size == 2 and engine.runner.counts["static_steps"] > 0
+    assert [first, late] == alone
 
 
 async def test_releasing_memory_drops_the_static_buffers(family, prompts):
