@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import torch
 
 from agentcore.tiny_tokenizer import load_tokenizer
 from rl.engine.static_decode import supports
@@ -128,12 +127,4 @@ async def test_cuda_graph_decoding_matches_the_dynamic_path(family, prompts):
     assert sum(a.token_ids == b.token_ids for a, b in zip(want, got)) >= len(jobs) * 9 // 10
     assert sum(a.token_ids == b.token_ids for a, b in zip(got, again)) >= len(jobs) * 9 // 10
     for (prompt, _), gen in zip(jobs, got, strict=True):
-        assert gen.logprobs == pytest.approx(full_forward_logprobs_cuda(graphs, prompt, gen.token_ids), abs=1e-3)
-
-
-def full_forward_logprobs_cuda(engine, prompt: list[int], output: list[int]) -> list[float]:
-    ids = torch.tensor([prompt + output], device="cuda")
-    with torch.no_grad():
-        logits = engine.model(input_ids=ids, use_cache=False).logits[0].float()
-    logprobs = torch.log_softmax(logits, dim=-1)
-    return logprobs[torch.arange(len(prompt) - 1, len(ids[0]) - 1), torch.tensor(output)].tolist()
+        assert gen.logprobs == pytest.approx(full_forward_logprobs(graphs, prompt, gen.token_ids), abs=1e-3)

@@ -50,6 +50,7 @@ from agentcore import runtime
 from rl.config import TrainConfig, apply_overrides
 from rl.heldout import FILE as HELDOUT_FILE
 from rl.heldout import Row, append_row, expected_labels, read_rows
+from rl.learner_client import learner_devices
 from rl.recipes import learning, smoke_cpu
 from rl.stages import demonstrations, stage_plan
 from rl.train import mark_run, run_training
@@ -335,12 +336,13 @@ async def _child(policy: str, seed: int, out: Path, overrides: list[str], cpu: b
 def child_device(gpu: str) -> str:
     """The CUDA_VISIBLE_DEVICES of the child for `--gpus` entry `gpu`, an index among the GPUs this
     process sees: under CUDA_VISIBLE_DEVICES=2,3, `--gpus 0,1` means GPUs 2 and 3."""
-    seen = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    seen = [d for d in (visible or "").split(",") if d.strip()]
     if not seen or not gpu.isdigit():
         return gpu
     if int(gpu) >= len(seen):
-        raise SystemExit(f"--gpus {gpu}: this process sees {len(seen)} GPU(s) (CUDA_VISIBLE_DEVICES={','.join(seen)})")
-    return seen[int(gpu)]
+        raise SystemExit(f"--gpus {gpu}: this process sees {len(seen)} GPU(s) (CUDA_VISIBLE_DEVICES={visible})")
+    return learner_devices((int(gpu),), visible)  # the mapping the learner's ranks use
 
 
 def _seed_log(out: Path, seed: int) -> Path:

@@ -160,7 +160,6 @@ class ModelRunner:
         finally:
             if self.static.live is not None:
                 self.static.end(batch, done)
-        self.counts["graph_captures"] = self.static.captures
         return []
 
     def step(self, batch: _Batch) -> list[_Request]:

@@ -17,7 +17,7 @@ What it is not: the scheduler (rows joining or leaving go through transformers' 
 Qwen2 families without sliding windows; others keep the dynamic path).
 
 Example:
-    decoder = StaticDecoder(runner.model, config, device)
+    decoder = StaticDecoder(model, device=torch.device("cuda", 0), graphs=True)
     decoder.begin(batch, steps=16)
     logits = decoder.step(tokens)          # [B, V] fp32
     decoder.end(batch, steps=1)
@@ -25,7 +25,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -89,10 +91,10 @@ class StaticDecoder:
     """Fixed-shape decode steps of one model (module docstring)."""
 
     def __init__(self, model: PreTrainedModel, *, device: torch.device, graphs: bool,
-                 attention: Any = None) -> None:
+                 attention: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> None:
         self.model, self.device = model, device
         self.graphs = graphs and device.type == "cuda"
-        self.attention = attention  # a context manager factory around each forward (SDPA backends)
+        self.attention = attention  # the context of each forward (the engine's SDPA backends)
         inner = model.model
         self.embed, self.rotary, self.layers, self.norm = inner.embed_tokens, inner.rotary_emb, inner.layers, inner.norm
         self.head = model.get_output_embeddings()
@@ -126,7 +128,7 @@ class StaticDecoder:
 
     def _run(self, s: _Shape) -> None:
         if not self.graphs:
-            with self._attention():
+            with self.attention():
                 self._forward(s)
             return
         if s.graph is None:
@@ -139,22 +141,17 @@ class StaticDecoder:
         and value from whatever `ids` holds; the replay that follows writes them again."""
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side), self._attention():
+        with torch.cuda.stream(side), self.attention():
             self._forward(s)
         torch.cuda.current_stream(self.device).wait_stream(side)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         # thread_local: another thread of the process (a background checkpoint's copies) may use CUDA meanwhile
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"), self._attention():
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"), self.attention():
             self._forward(s)
         s.graph = graph
         self.captures += 1
-
-    def _attention(self):
-        import contextlib
-
-        return self.attention() if self.attention is not None else contextlib.nullcontext()
 
     # -- a chunk of steps -----------------------------------------------------------------------
 
