@@ -26,7 +26,7 @@ import msgspec
 from msgspec import Struct
 
 from agentcore.orchestrator import WorkItem
-from agentcore.types import Task
+from agentcore.types import INFRA_FAILURES, Status, Task, Trajectory
 from rl.config import TrainConfig
 from rl.data import families
 from rl.metrics import read_jsonl, step_metrics
@@ -36,6 +36,15 @@ from rl.stages import stage_plan
 log = logging.getLogger("cuda-agent.train")
 
 FILE = "heldout.jsonl"
+NOT_THE_POLICY = INFRA_FAILURES | {Status.ABORTED}
+"""Ends that say nothing of the policy (the model server or the harness failed, the run stopped):
+a row with one of them would read as the policy failing the task."""
+
+
+class HeldoutError(RuntimeError):
+    """A held-out evaluation whose rollouts did not all reach the policy's own end: no row."""
+
+
 AFTER = ("single_turn", "rft", "ppo")
 """The stages that move the actor: the loop evaluates after each, and before its first stage
 (labels `before_<first stage>`, `after_<stage>`)."""
@@ -110,6 +119,8 @@ async def evaluate(run: Run, label: str, *, version: int) -> Row | None:
     t0 = time.perf_counter()
     trajs = await run.rollouts(items, tag=f"heldout_{label}", rollout=rollout)
     seconds = time.perf_counter() - t0
+    if why := infrastructure_failures(trajs):
+        raise HeldoutError(f"held-out evaluation {label}: {why}; no row written, a resumed run evaluates it again")
     figures = step_metrics(trajs, max_response_tokens=None)
     by_task: dict[str, list[float | None]] = {}
     for t in trajs:
@@ -134,6 +145,15 @@ async def evaluate(run: Run, label: str, *, version: int) -> Row | None:
     )
     append_row(run.run_dir, row)
     return row
+
+
+def infrastructure_failures(trajs: list[Trajectory]) -> str:
+    """'' when every trajectory ended by the policy's doing, else how many did not and the first
+    one's error."""
+    bad = [t for t in trajs if t.status in NOT_THE_POLICY]
+    if not bad:
+        return ""
+    return f"{len(bad)} of {len(trajs)} rollouts ended in {bad[0].status.value}: {(bad[0].error or '').splitlines()[0][:200]}"
 
 
 def append_row(run_dir: Path, row: Row) -> None:

@@ -42,7 +42,7 @@ from agentcore.sglang import Router, SGLangClient, SGLangClientConfig, SGLangSer
 from agentcore.store import TrajectoryStore
 from agentcore.tiny_tokenizer import build_tiny_tokenizer, load_tokenizer
 from agentcore.toolparse import tool_schemas
-from agentcore.types import Message, Task, Trajectory
+from agentcore.types import INFRA_FAILURES, Message, Task, Trajectory
 from rl.config import TrainConfig, save_config
 from rl.data import families
 from rl.learner_client import LearnerGroup
@@ -101,7 +101,8 @@ class Run:
         )
         path = self.run_dir / "rollouts" / f"{tag}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
-        async with TrajectoryStore(path) as store:
+        # A trajectory the model server or the harness failed is not kept: a rerun rolls it out again.
+        async with TrajectoryStore(path, redo=INFRA_FAILURES) as store:
             orch = Orchestrator(runner=runner, tools=tools, config=self.cfg.orchestrator,
                                 resources=self.resources, store=store, scorer=scorer or self.scorer)
             async with anyio.create_task_group() as tg:

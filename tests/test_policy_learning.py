@@ -69,13 +69,13 @@ def test_the_report_names_both_targets_met_or_not():
     assert text.count("NOT met") == 2
 
 
-def test_the_control_starts_from_the_runs_post_value_checkpoint_with_a_frozen_actor(tmp_path):
+def test_the_control_evaluates_the_runs_post_value_actor_again_without_steps_that_cannot_move_it(tmp_path):
     ppo, control = seed_configs(smoke(), tmp_path, 2, ["steps.ppo=4"])
     assert ppo.stage == "smoke" and control.stage == "ppo"
     assert control.optim.actor_lr == 0.0 and ppo.optim.actor_lr > 0
     assert control.optim.critic_lr == ppo.optim.critic_lr
     assert control.init_from == str(tmp_path / "seed2" / "ppo" / "ckpt" / f"step_{ppo.steps.rft + ppo.steps.value:06d}")
-    assert ppo.steps.ppo == control.steps.ppo == 4
+    assert ppo.steps.ppo == 4 and control.steps.ppo == 0
     assert ppo.rollout.seed == control.rollout.seed == 2000 and ppo.data.seed == 2
     assert ppo.checkpoint.keep >= 3  # the post-value checkpoint outlives the PPO run's own
 
@@ -173,6 +173,9 @@ def test_one_seed_of_plumbing_on_the_cpu(tmp_path: Path):
     after_rft = next(r for r in read_rows(tmp_path / "seed0" / "ppo") if r.label == "after_rft")
     assert control[0] == msgspec.structs.replace(after_rft, label="before_ppo",  # the same actor: not evaluated again
                                                  shared_from=str(tmp_path / "seed0" / "ppo"))
+    assert control[1].shared_from == "" and control[1].trajectories == after_rft.trajectories  # evaluated again
+    assert not list((tmp_path / "seed0" / "control" / "rollouts").glob("ppo_*.jsonl"))  # and no PPO step
+    assert list((tmp_path / "seed0" / "ppo" / "rollouts").glob("ppo_*.jsonl"))  # the PPO run's steps
     for row in read_rows(tmp_path / "seed0" / "ppo"):  # the recipe's limits, recorded with each row
         assert (row.max_turns, row.max_new_tokens, row.temperature) == (
             cpu.rollout.max_turns, cpu.rollout.max_new_tokens, cpu.data.heldout_temperature)

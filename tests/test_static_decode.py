@@ -128,3 +128,23 @@ async def test_cuda_graph_decoding_matches_the_dynamic_path(family, prompts):
     assert sum(a.token_ids == b.token_ids for a, b in zip(got, again)) >= len(jobs) * 9 // 10
     for (prompt, _), gen in zip(jobs, got, strict=True):
         assert gen.logprobs == pytest.approx(full_forward_logprobs(graphs, prompt, gen.token_ids), abs=1e-3)
+
+
+@pytest.mark.gpu
+async def test_cuda_graphs_are_captured_again_when_a_batch_outgrows_the_kv_buffers(family, prompts):
+    """Rows that decode past MIN_COLUMNS grow the KV buffers, which drops every captured graph
+    (and their memory pool) mid-run; the steps after that are captured anew and still give the
+    model's own log-probs."""
+    from rl.engine import EmbeddedEngine, EmbeddedEngineConfig
+    from rl.engine.static_decode import MIN_COLUMNS
+
+    graphs = EmbeddedEngine.from_hf_config(
+        family, EmbeddedEngineConfig(device="cuda", dtype="float32", static_decode=True), seed=0)
+    jobs = [(p, params(MIN_COLUMNS + 64 + 16 * i, **GREEDY)) for i, p in enumerate(prompts[:3])]
+    async with graphs.running():
+        got = await gather(graphs, jobs)
+    assert graphs.runner.static.keys[0].shape[2] > MIN_COLUMNS  # the buffers grew
+    assert graphs.runner.static.captures >= 2 and graphs.runner.counts["static_steps"] > MIN_COLUMNS
+    assert [len(g.token_ids) for g in got] == [j[1].max_new_tokens for j in jobs]
+    for (prompt, _), gen in zip(jobs, got, strict=True):
+        assert gen.logprobs == pytest.approx(full_forward_logprobs(graphs, prompt, gen.token_ids), abs=1e-3)

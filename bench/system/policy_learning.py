@@ -3,8 +3,10 @@
 What it is: for each seed, one training run of the `learning` recipe from the named policy (rft on
 the teacher trajectories of all of the `rl.data.families` training split -> value pretraining ->
 PPO, with real compile, verify and profile), then the control: the same PPO stage started from the same
-post-value checkpoint with the actor's learning rate at 0 (the critic still trains, the policy
-does not move). Both evaluate the held-out split (`rl.heldout`) when their PPO ends. Written to
+post-value checkpoint with the actor's learning rate at 0. Such steps would move the critic
+alone, and the held-out row reads only the actor, so the control takes no step: it evaluates the
+post-value actor again, the row its lr-0 run would end with. Both write an `after_ppo` held-out
+row (`rl.heldout`). Written to
 OUT: `learning.json` (every held-out row of every run), `learning.md` (the table per seed, the
 mean and standard error over seeds of PPO minus control, and the two targets checked) and
 `learning.png` (held-out mean reward and pass rate per seed: before rft, after rft, after PPO,
@@ -80,13 +82,16 @@ class SeedResult(Struct, kw_only=True):
 
 def seed_configs(base: TrainConfig, out: Path, seed: int, overrides: list[str]) -> tuple[TrainConfig, TrainConfig]:
     """(the PPO run, its control) of one seed; the control starts from the PPO run's checkpoint
-    after the value stage and trains with actor_lr 0."""
+    after the value stage with actor_lr 0. Its held-out row reads the actor alone, and PPO steps
+    at actor_lr 0 leave the actor as that checkpoint has it (they would train only the critic),
+    so the control takes none (`steps.ppo=0`): its `after_ppo` row is that actor evaluated
+    again, as the lr-0 run would end."""
     common = [f"seed={seed}", f"data.seed={seed}", f"rollout.seed={1000 * seed}", f"model.seed={seed}",
               "checkpoint.keep=3", *overrides]
     ppo = apply_overrides(base, [*common, f"run_dir={out / f'seed{seed}' / 'ppo'}"])
     value_end = next(s.end for s in stage_plan(ppo) if s.name == "value")
     control = apply_overrides(base, [
-        *common, f"run_dir={out / f'seed{seed}' / 'control'}", "stage=ppo", "optim.actor_lr=0.0",
+        *common, f"run_dir={out / f'seed{seed}' / 'control'}", "stage=ppo", "optim.actor_lr=0.0", "steps.ppo=0",
         f"init_from={Path(ppo.run_dir) / 'ckpt' / f'step_{value_end:06d}'}",
     ])
     return ppo, control

@@ -211,6 +211,9 @@ class StaticDecoder:
         self.keys = [torch.zeros(size, dtype=dtype, device=self.device) for _ in self.layers]
         self.values = [torch.zeros(size, dtype=dtype, device=self.device) for _ in self.layers]
         self.shapes.clear()  # a batch whose cache views the old buffers keeps them alive; `begin` copies
+        # The allocator frees a graph pool once its last graph is gone, and capturing into the
+        # freed pool's handle fails: the next graph starts a pool of its own.
+        self.pool = None
 
     def release(self) -> None:
         """Drop every buffer and graph (the weights may move, or the memory is given back)."""
