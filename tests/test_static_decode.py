@@ -61,6 +61,37 @@ async def test_static_greedy_decoding_equals_the_dynamic_path(family, prompts):
     assert static.runner.static is not None and static.runner.static.captures == 0  # no graphs on a CPU
 
 
+@pytest.mark.parametrize("where", ["step", "begin"])
+async def test_a_failing_static_path_turns_itself_off_and_the_batch_goes_on(family, prompts, monkeypatch, where):
+    """A capture that fails on a GPU (the edge faked here) costs the engine its static path, not
+    the requests: each gets the tokens the dynamic path gives it."""
+    from rl.engine.static_decode import StaticDecoder
+
+    jobs = [(p, params(n, **GREEDY)) for p, n in zip(prompts, (12, 40, 5, 16, 33, 21))]
+    dynamic, static = make_engine(family), make_engine(family, static_decode=True, decode_chunk_steps=8)
+    static.model.load_state_dict(dynamic.model.state_dict())
+    calls = {"n": 0}
+    real = getattr(StaticDecoder, where)
+
+    def fails_on_the_third(self, *args):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("it->second->use_count > 0 INTERNAL ASSERT FAILED (faked)")
+        return real(self, *args)
+
+    monkeypatch.setattr(StaticDecoder, where, fails_on_the_third)
+    async with dynamic.running():
+        want = await gather(dynamic, jobs)
+    async with static.running():
+        got = await gather(static, jobs)
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    for a, b in zip(want, got, strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+    counts = static.runner.counts
+    assert counts["static_failures"] == 1 and static.runner.static is None
+    assert calls["n"] == 3
+
+
 async def test_static_sampled_logprobs_equal_a_full_forward_pass(family, prompts):
     engine = make_engine(family, static_decode=True)
     jobs = [(p, params(24, temperature=t, seed=i)) for i, (p, t) in enumerate(zip(prompts, (1.0, 0.7, 1.3, 1.0)))]
@@ -123,6 +154,7 @@ async def test_cuda_graph_decoding_matches_the_dynamic_path(family, prompts):
         await graphs.release_memory(["weights", "kv_cache"])  # drops the buffers and graphs
         await graphs.resume_memory()
         again = await gather(graphs, jobs)
+    assert graphs.runner.counts["static_failures"] == 0  # the fallback would hide a failing capture
     assert graphs.runner.static.captures > 0 and graphs.runner.counts["static_steps"] > 0
     assert sum(a.token_ids == b.token_ids for a, b in zip(want, got)) >= len(jobs) * 9 // 10
     assert sum(a.token_ids == b.token_ids for a, b in zip(got, again)) >= len(jobs) * 9 // 10
@@ -143,6 +175,7 @@ async def test_cuda_graphs_are_captured_again_when_a_batch_outgrows_the_kv_buffe
     jobs = [(p, params(MIN_COLUMNS + 64 + 16 * i, **GREEDY)) for i, p in enumerate(prompts[:3])]
     async with graphs.running():
         got = await gather(graphs, jobs)
+    assert graphs.runner.counts["static_failures"] == 0  # the fallback would hide a failing capture
     assert graphs.runner.static.keys[0].shape[2] > MIN_COLUMNS  # the buffers grew
     assert graphs.runner.static.captures >= 2 and graphs.runner.counts["static_steps"] > MIN_COLUMNS
     assert [len(g.token_ids) for g in got] == [j[1].max_new_tokens for j in jobs]

@@ -173,7 +173,12 @@ async def measure_embedded(model_dir: str, vocab: int, load: Load, dist: Dist,
     async def body(rank: Rank, url: str) -> dict[str, Any]:
         await rank.sync(Empty())  # the engine's weights arrive with the first sync
         gen = await generation(url, vocab, load)
-        return gen | await weights_and_memory(rank, load, sglang=False)
+        counts = rank.engine.runner.counts  # how the steps were decoded: a fallen-back static path is no measure of it
+        steps = {"decode_steps": counts["steps"], "static_steps": counts["static_steps"],
+                 "static_failures": counts["static_failures"]}
+        if kind == "embedded_static" and (counts["static_failures"] or not counts["static_steps"]):
+            raise RuntimeError(f"the static path did not hold: {steps}")
+        return gen | steps | await weights_and_memory(rank, load, sglang=False)
 
     return await with_rank(train_config(model_dir, kind), dist, body)
 

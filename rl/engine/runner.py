@@ -17,6 +17,7 @@ import collections
 import contextlib
 import gc
 import inspect
+import logging
 from typing import Any
 
 import torch
@@ -32,6 +33,8 @@ from rl.engine.batch import sample
 from rl.engine.config import EmbeddedEngineConfig
 from rl.engine.static_decode import StaticDecoder, supports
 from rl.learner.models import place_model
+
+log = logging.getLogger(__name__)
 
 _SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 """SDPA backends of decoding (`EmbeddedEngineConfig.avoid_cudnn_attention`): all but cuDNN's."""
@@ -143,9 +146,15 @@ class ModelRunner:
     def static_chunk(self, batch: _Batch, steps: int) -> list[_Request]:
         """`decode_chunk` over the static decoder: while no row finishes, each step is one
         fixed-shape forward (a graph replay on a GPU); the step where rows finish hands the batch
-        back to `step`'s retiring and transformers' forward."""
+        back to `step`'s retiring and transformers' forward. The static path failing (a capture,
+        its buffers' memory) turns it off for this engine: the batch goes on from the last step
+        it completed, through transformers' forward."""
         assert self.static is not None
-        self.static.begin(batch, steps)
+        try:
+            self.static.begin(batch, steps)
+        except RuntimeError as exc:
+            self.static_failed(exc)
+            return self.decode_chunk(batch)
         logits, done = batch.logits, 0
         try:
             for _ in range(steps):
@@ -154,13 +163,27 @@ class ModelRunner:
                     self.static.end(batch, done)
                     self.advance(batch, tokens, keep, finished)
                     return finished
-                logits = self.static.step(tokens)
+                try:
+                    logits = self.static.step(tokens)
+                except RuntimeError as exc:
+                    self.static.end(batch, done)
+                    self.static_failed(exc)
+                    self.advance(batch, tokens, keep, [])  # the tokens just drawn, fed the dynamic way
+                    return []
                 done += 1
                 self.counts["static_steps"] += 1
         finally:
-            if self.static.live is not None:
+            if self.static is not None and self.static.live is not None:
                 self.static.end(batch, done)
         return []
+
+    def static_failed(self, exc: RuntimeError) -> None:
+        """Turn the static path off for good: a speed path that failed costs speed, not the run."""
+        log.error("static decode off for this engine after: %s", str(exc).splitlines()[0][:300])
+        self.counts["static_failures"] += 1
+        assert self.static is not None
+        self.static.release()
+        self.static = None
 
     def step(self, batch: _Batch) -> list[_Request]:
         """Sample one token per row, retire finished rows, feed the rest one token further."""
