@@ -86,6 +86,7 @@ def config(tmp_path, outside_dir, monkeypatch) -> GpuQueueConfig:
     return GpuQueueConfig(
         gpus=(0, 1),
         scratch_root=str(tmp_path / "scratch"),
+        gpu_lock_dir=str(tmp_path / "gpu-locks"),  # this test's queues see each other, no one else's
         job_default_deadline_s=30.0,
         worker_start_timeout_s=30.0,
         handlers={"spawn": "queue_test_handlers:spawn", "shout": "queue_test_handlers:shout",
@@ -254,6 +255,41 @@ async def test_a_timing_job_never_overlaps_another_job_on_its_gpu(config):
     lanes = queue.statistics().lanes
     assert sorted((lane.gpu, lane.slot) for lane in lanes) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert sum(lane.exclusive_jobs for lane in lanes) == 5
+
+
+@pytest.mark.parametrize("locks", [True, False])
+async def test_a_timing_job_has_its_gpu_alone_from_another_queues_jobs_too(config, locks):
+    """Two queues of one machine on GPU 0 (seeds of a benchmark at once): with the machine-wide
+    locks, one queue's timing jobs overlap none of the other's jobs; without them they do."""
+    from msgspec.structs import replace
+
+    mine, other = (replace(shared_gpu(config), gpu_locks=locks, scratch_root=f"{config.scratch_root}-{k}")
+                   for k in "ab")
+    async with GpuQueue(other) as q_other, GpuQueue(mine) as q_mine, anyio.create_task_group() as tg:
+        theirs, ours = Runs(q_other, tg), Runs(q_mine, tg)
+        for i in range(8):
+            theirs.start(f"shared-{i}", "sleep", 0.25)
+        assert await eventually(lambda: busy_lanes(q_other) == 2)
+        ours.start("timed-0", "timed_sleep", 0.25)
+        ours.start("timed-1", "timed_sleep", 0.25)
+    spans, timed = theirs.spans(), ours.spans()
+    assert all(r.status is JobStatus.OK for r in (*theirs.results.values(), *ours.results.values()))
+    overlapping = [(t, o) for t in timed for o in spans if overlap(timed[t], spans[o])]
+    assert (overlapping == []) == locks, overlapping
+    if locks:  # the other queue's later jobs waited for the timing jobs, not the other way round
+        assert max(t.ended for t in timed.values()) < max(o.ended for o in spans.values())
+
+
+async def test_another_queues_jobs_on_another_gpu_do_not_hold_up_a_timing_job(config):
+    from msgspec.structs import replace
+
+    other = replace(shared_gpu(config, gpus=(1,)), scratch_root=f"{config.scratch_root}-b")
+    async with GpuQueue(other) as q_other, GpuQueue(shared_gpu(config)) as q_mine, anyio.create_task_group() as tg:
+        theirs, ours = Runs(q_other, tg), Runs(q_mine, tg)
+        theirs.start("shared", "sleep", 0.6)
+        assert await eventually(lambda: busy_lanes(q_other) == 1)
+        ours.start("timed", "timed_sleep", 0.2)
+    assert overlap(theirs.spans()["shared"], ours.spans()["timed"])
 
 
 async def test_a_waiting_timing_job_goes_before_shared_jobs_that_came_after_it(config):

@@ -101,6 +101,31 @@ def test_a_seed_copies_the_finished_demonstrations_of_another_seed_with_the_same
     assert share_demonstrations(few, tmp_path) is None
 
 
+def test_later_lanes_wait_for_seed_0s_whole_teacher_collection_and_first_row(tmp_path):
+    from bench.system.policy_learning import DEMOS_FILE, shared_parts_ready
+    from rl.heldout import Row, append_row
+
+    base = learning()
+    ppo0 = seed_configs(base, tmp_path, 0, [])[0]
+    assert not shared_parts_ready(base, tmp_path, [], 1)
+    demos = Path(ppo0.run_dir) / DEMOS_FILE
+    demos.parent.mkdir(parents=True)
+    ids = [d.task.task_id for d in demonstrations(ppo0)]
+    demos.write_bytes(b"".join(orjson.dumps({"group_id": i}) + b"\n" for i in ids[:-1]))
+    row = Row(label="before_rft", weight_version=0, tasks=17, trajectories=17, pass_rate=0.0, reward_mean=-1.0,
+              faster_than_eager_rate=0.0, scored=17.0, parse_error_rate=1.0, turns_mean=4.0, by_task={},
+              max_turns=4, max_new_tokens=2048, max_context_tokens=8192, temperature=0.0, seconds=171.0)
+    append_row(Path(ppo0.run_dir), row)
+    assert not shared_parts_ready(base, tmp_path, [], 1)  # one teacher short
+    demos.write_bytes(b"".join(orjson.dumps({"group_id": i}) + b"\n" for i in ids))
+    assert shared_parts_ready(base, tmp_path, [], 1)
+    (Path(ppo0.run_dir) / "heldout.jsonl").unlink()
+    assert not shared_parts_ready(base, tmp_path, [], 1)  # no first row yet
+    # a seed that draws other teachers and evaluates its own first row waits for nothing
+    few_random = apply_overrides(base, ["data.demos=16", 'model.path=""', "model.hf_config={}"])
+    assert shared_parts_ready(few_random, tmp_path / "other", [], 1)
+
+
 def test_seeds_after_the_first_share_its_greedy_evaluation_of_the_pretrained_policy(tmp_path):
     from bench.system.policy_learning import shared_base_row
     from rl.heldout import Row, append_row

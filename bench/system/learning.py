@@ -127,8 +127,9 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="--policy: dotted override of both runs, repeatable")
     parser.add_argument("--gpus", metavar="LIST",
-                        help="--policy: GPUs (e.g. 0,1,2) that run seeds at once, one child process per GPU "
-                             "(CUDA_VISIBLE_DEVICES); default: one seed after another in this process")
+                        help="--policy: GPUs (e.g. 0,1,2, or 0,0,0: three at once on one GPU) that run seeds at "
+                             "once, one child process per entry (CUDA_VISIBLE_DEVICES); default: one seed after "
+                             "another in this process")
     parser.add_argument("--cpu", action="store_true",
                         help="--policy: the smoke_cpu recipe (fake kernel environment; plumbing only)")
     args = parser.parse_args()

@@ -12,13 +12,15 @@ mean and standard error over seeds of PPO minus control, and the two targets che
 `learning.png` (held-out mean reward and pass rate per seed: before rft, after rft, after PPO,
 and the control). Each run is `cuda-agent train` in its own directory OUT/seed<k>/{ppo,control}
 and resumes, so a rerun after an interruption redoes only what is missing. With `gpus`, seeds run
-at once, one child process per GPU (`python -m bench.system.policy_learning --seed K`, with
+at once, one child process per entry (`python -m bench.system.policy_learning --seed K`, with
 CUDA_VISIBLE_DEVICES set to its GPU, so its learner, engine and GPU queue all live there; its output
-in OUT/seed<K>/seed.log): three seeds on a 4-GPU machine take about the time of one.
-The teachers' trajectories are scripted, so seeds that draw the same teachers (all of them, in
-`learning`) need one collection: a seed run after another copies that seed's
-`rollouts/rft_demos.jsonl` (66 teachers through one verification lane: ~13 min on an H200) and the
-run resumes past it; seeds running at once each collect their own, at once.
+in OUT/seed<K>/seed.log). An entry may repeat: `--gpus 0,0,0` runs three seeds at once on one GPU,
+whose small policy leaves it mostly idle; the GPU queues' machine-wide locks keep every timing job
+alone on it (`rewards.queue.gpu_lock`), while the other seeds' engines and learners still share it.
+The teachers' trajectories are scripted and every seed starts from the same weights, so seeds that
+draw the same teachers (all of them, in `learning`) share seed 0's teacher collection
+(`rollouts/rft_demos.jsonl`, copied; the run resumes past it) and its greedy before-rft row: a seed
+run after seed 0 finds them, and the other lanes of a run with `gpus` start once seed 0 has them.
 What it is not: a test (`tests/test_policy_learning.py` runs the plumbing on the CPU with the
 fake environment and a tiny model; on that, the numbers mean nothing).
 
@@ -27,6 +29,7 @@ reward by more than two standard errors (of the per-seed differences).
 
     python -m bench.system.learning --policy smollm2-135m --seeds 3 --out runs/learning
     python -m bench.system.learning --policy smollm2-135m --seeds 3 --gpus 0,1,2   (seeds at once)
+    python -m bench.system.learning --policy smollm2-135m --seeds 3 --gpus 0,0,0   (at once, one GPU)
     python -m bench.system.learning --policy smollm2-135m --seeds 1 --set steps.ppo=2   (shorter)
 """
 
@@ -52,6 +55,7 @@ from agentcore import runtime
 from rl.config import TrainConfig, apply_overrides
 from rl.heldout import FILE as HELDOUT_FILE
 from rl.heldout import Row, append_row, expected_labels, read_rows
+from rl.heldout import enabled as heldout_enabled
 from rl.learner_client import learner_devices
 from rl.recipes import learning, smoke_cpu
 from rl.stages import demonstrations, stage_plan
@@ -138,6 +142,21 @@ def shared_base_row(ppo: TrainConfig, out: Path) -> Row | None:
 
 
 DEMOS_FILE = Path("rollouts") / "rft_demos.jsonl"
+
+
+def shared_parts_ready(base: TrainConfig, out: Path, overrides: list[str], seed: int) -> bool:
+    """Whether seed 0's run has what `seed`'s run would take from it: every teacher's trajectory
+    when both draw the same teachers, the first held-out row when `shared_base_row` would share it."""
+    first, mine = (seed_configs(base, out, k, overrides)[0] for k in (0, seed))
+    teachers = {d.task.task_id for d in demonstrations(mine)} if mine.data.demos > 0 else set()
+    if teachers and teachers == {d.task.task_id for d in demonstrations(first)}:
+        demos = Path(first.run_dir) / DEMOS_FILE
+        lines = demos.read_bytes().splitlines() if demos.exists() else []
+        if len([x for x in lines if x.strip()]) < len(teachers):
+            return False
+    if mine.model.path and mine.data.heldout_temperature == 0.0 and heldout_enabled(mine):
+        return any(r.label == expected_labels(first)[0] for r in read_rows(first.run_dir))
+    return True
 
 
 def share_demonstrations(cfg: TrainConfig, out: Path) -> Path | None:
@@ -303,8 +322,15 @@ async def _seeds_on_gpus(policy: str, seeds: int, out: Path, overrides: list[str
     """Seeds k, k + len(gpus), ... one after another on gpus[k], the lanes at once; the report is
     rewritten as each seed ends. A child that fails leaves its seed with the rows it wrote."""
     base, results = base_config(policy, cpu=cpu), []
+    first_done = anyio.Event()
 
     async def lane(k: int, gpu: str) -> None:
+        if k:  # seed 0's teachers and before-rft row serve the other seeds: their lanes start once they exist
+            while not first_done.is_set() and not shared_parts_ready(base, out, overrides, k):
+                with anyio.move_on_after(5.0):
+                    await first_done.wait()
+            log.info("lane %d (GPU %s) starts: what it takes from seed 0 %s", k, gpu,
+                     "is there" if shared_parts_ready(base, out, overrides, k) else "did not come (seed 0 ended)")
         for seed in range(k, seeds, len(gpus)):
             t0 = time.monotonic()
             code = await _child(policy, seed, out, [*overrides, f"layout.port_base={PORT_BASE + 16 * k}"], cpu, gpu)
@@ -315,6 +341,7 @@ async def _seeds_on_gpus(policy: str, seeds: int, out: Path, overrides: list[str
                                       wall_s=time.monotonic() - t0))
             results.sort(key=lambda r: r.seed)
             _write(out, policy, results)
+            first_done.set()  # whatever seed 0 left, the others go on with it
 
     async with anyio.create_task_group() as tg:
         for k, gpu in enumerate(gpus):

@@ -63,6 +63,12 @@ class GpuQueueConfig(Struct, frozen=True, kw_only=True):
     env: dict[str, str] = {}
     """Extra environment of the workers, over the defaults of `worker_env` (e.g. a persistent
     Inductor cache for a queue that runs trusted reference code only)."""
+    gpu_locks: bool = True
+    """Also take the machine-wide lock of each job's GPU (`rewards.queue.gpu_lock`): a timing job
+    then has its GPU alone from the jobs of every other GPU queue of the machine too, not only
+    from this queue's."""
+    gpu_lock_dir: str = ""
+    """The lock files' directory; empty: $CUDA_AGENT_GPU_LOCKS, else <tmp>/cuda-agent-gpu-locks."""
     writable_paths: tuple[str, ...] = ()
     """Host directories a sandboxed worker may write besides its scratch (made if missing). Never
     one that a candidate's job may write to and a later job trusts."""

@@ -19,15 +19,17 @@ Topology, one task group owned by `async with GpuQueue(config)`:
        |                  lanes; a timing job waits for its GPU to be idle and reserves it meanwhile)
        |                    ^ release: job done, worker healthy    ^ release: fresh worker ready
        |                    ^ vacate: the job's worker retired and reaped
-       +-- holds the lane: Job frame --> worker [bwrap] --> handler(payload, ctx) --> JobResult frame
+       +-- holds the lane and its GPU's machine-wide lock (`gpu_lock`: the same rule against the
+       |   machine's other GPU queues): Job frame --> worker [bwrap] --> handler(payload, ctx) --> JobResult frame
     task group
        +-- one task per lane: start worker, release lane, wait until the worker is retired, reap,
            vacate, repeat
              +-- per worker: stderr drain (bounded tail), exit watcher
 
 Parts: `rewards.queue.config` (the settings, the sandbox among them), `rewards.queue.lanes`
-(worker process, lane, dispatcher), `rewards.queue.worker_command` (the worker's command line,
-sandbox and environment); this module is the queue.
+(worker process, lane, dispatcher), `rewards.queue.gpu_lock` (the machine-wide lock of a GPU),
+`rewards.queue.worker_command` (the worker's command line, sandbox and environment); this module is
+the queue.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import anyio.abc
 import msgspec
 
 from rewards.queue.config import SECRET_PATHS, GpuQueueConfig
+from rewards.queue.gpu_lock import GpuLocks, default_directory
 from rewards.queue.jobs import (
     Job,
     JobResult,
@@ -56,7 +59,7 @@ from rewards.queue.jobs import (
     result_decoder,
 )
 from rewards.queue.lanes import BROKEN, Dispatcher, Lane, QueueClosed, WorkerProcess
-from rewards.queue.worker_command import count_gpus, worker_argv, worker_env
+from rewards.queue.worker_command import count_gpus, device_name, worker_argv, worker_env
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,7 @@ class GpuQueue:
         self._started = time.monotonic()
         self._stack = AsyncExitStack()
         self._own_scratch: str | None = None
+        self._locks = GpuLocks(config.gpu_lock_dir or default_directory()) if config.gpu_locks else None
 
     @property
     def gpus(self) -> tuple[int, ...]:
@@ -144,18 +148,25 @@ class GpuQueue:
         exclusive = job.kind not in self.config.shared_kinds
         queued = time.monotonic()
         lane = await self._dispatcher.acquire(wanted, exclusive=exclusive)
-        worker = lane.worker
-        lane.begin()
-        held = time.monotonic()
-        result, reusable = None, False
-        try:
-            result, reusable = await self._run(job, worker)
-        finally:
-            lane.end(result.status if result else None, exclusive=exclusive)
-            if reusable and not worker.exited:
-                self._dispatcher.release(lane)
-            else:  # also when cancelled mid-job: the worker may still be running it
-                worker.retire()  # the lane's task vacates the lane once the worker is reaped
+        async with AsyncExitStack() as machine:  # the GPU against other queues of the machine
+            if self._locks is not None:
+                try:
+                    await machine.enter_async_context(self._locks.hold(device_name(lane.gpu), exclusive=exclusive))
+                except BaseException:  # cancelled while another queue's job held the GPU
+                    self._dispatcher.release(lane)
+                    raise
+            worker = lane.worker
+            lane.begin()
+            held = time.monotonic()
+            result, reusable = None, False
+            try:
+                result, reusable = await self._run(job, worker)
+            finally:
+                lane.end(result.status if result else None, exclusive=exclusive)
+                if reusable and not worker.exited:
+                    self._dispatcher.release(lane)
+                else:  # also when cancelled mid-job: the worker may still be running it
+                    worker.retire()  # the lane's task vacates the lane once the worker is reaped
         wall_s = time.monotonic() - held
         return msgspec.structs.replace(
             result, worker_pid=worker.pid, gpu=lane.gpu, wall_s=wall_s, wait_s=held - queued

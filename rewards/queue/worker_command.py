@@ -82,12 +82,19 @@ def worker_argv(config: GpuQueueConfig, gpu: int, scratch: Path) -> list[str]:
     return argv
 
 
+def device_name(gpu: int) -> str:
+    """The GPU that lane index `gpu` means on this machine, as CUDA_VISIBLE_DEVICES names it: lane
+    indices count the GPUs the orchestrator sees, through its own CUDA_VISIBLE_DEVICES when set
+    (e.g. by Slurm)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return visible.split(",")[gpu].strip() if visible else str(gpu)
+
+
 def worker_env(config: GpuQueueConfig, gpu: int, scratch: Path) -> dict[str, str]:
-    """Lane `gpu` indexes the GPUs the orchestrator sees: through its own CUDA_VISIBLE_DEVICES
-    when set (e.g. by Slurm), with PCI bus order so that indices match nvidia-smi."""
+    """The lane's worker sees its one GPU (`device_name`), with PCI bus order so that indices
+    match nvidia-smi."""
     host = os.environ
-    visible = host.get("CUDA_VISIBLE_DEVICES")
-    device = visible.split(",")[gpu].strip() if visible else str(gpu)
+    device = device_name(gpu)
     if config.sandbox:  # nothing else of the host: no tokens, no keys
         env = {k: v for k, v in host.items() if k in _SANDBOX_ENV or k.startswith(_SANDBOX_ENV_PREFIXES)}
         env["HOME"] = str(scratch)

@@ -1,0 +1,79 @@
+"""`GpuLocks`: the rule "a timing job has its GPU alone" across every GPU queue of the machine.
+
+What it is: a GPU queue's dispatcher keeps its own jobs off a GPU while one of them times
+something; this keeps the jobs of the other queues off it too (seeds of a benchmark run at once on
+one GPU, a checkpoint watcher beside a training run). Each physical GPU has two lock files
+(`flock`) in a directory every queue of the machine shares:
+- a shared job (verification) passes `gate` (shared, for a moment) and holds `gpu` shared while it runs;
+- an exclusive job (timing) closes `gate` (exclusive): no shared job enters after it. It then waits
+  for `gpu` exclusive (the shared jobs already in end), opens `gate` and holds `gpu` until it ends.
+The kernel drops the locks of a process that dies. Waiting is polled (a non-blocking attempt
+every few milliseconds), so a waiter that is cancelled holds nothing afterwards.
+
+What it is not: a lock on the GPU's other users. A learner or an engine on the same GPU takes
+none; only GPU queues do.
+
+Example:
+    locks = GpuLocks(default_directory())
+    async with locks.hold("3", exclusive=True):  # "3": the GPU as CUDA_VISIBLE_DEVICES names it
+        ...  # no job of any queue of this machine runs on GPU 3 meanwhile
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import tempfile
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import AsyncIterator
+
+import anyio
+
+ENV = "CUDA_AGENT_GPU_LOCKS"
+"""A directory of the GPU lock files other than the default (queues that must see each other
+share it)."""
+
+
+def default_directory() -> Path:
+    return Path(os.environ.get(ENV) or Path(tempfile.gettempdir()) / "cuda-agent-gpu-locks")
+
+
+class GpuLocks:
+    """The lock files of the GPUs in `directory` (made if missing)."""
+
+    def __init__(self, directory: str | Path, *, poll_s: float = 0.005) -> None:
+        self.directory = Path(directory)
+        self.poll_s = poll_s
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    @asynccontextmanager
+    async def hold(self, device: str, *, exclusive: bool) -> AsyncIterator[None]:
+        """`device` to yourself (`exclusive`), or beside other shared holders, until the block ends."""
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", device) or "_"
+        gpu = self._open(f"{name}.gpu")
+        try:
+            gate = self._open(f"{name}.gate")
+            try:
+                await self._lock(gate, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+                await self._lock(gpu, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            finally:
+                os.close(gate)  # closing drops its lock: the gate opens
+            yield
+        finally:
+            os.close(gpu)
+
+    def _open(self, name: str) -> int:
+        return os.open(self.directory / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+
+    async def _lock(self, fd: int, how: int) -> None:
+        while True:
+            try:
+                fcntl.flock(fd, how | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                await anyio.sleep(self.poll_s)
+
+
+__all__ = ["ENV", "GpuLocks", "default_directory"]
