@@ -26,21 +26,16 @@ import msgspec
 from msgspec import Struct
 
 from agentcore.orchestrator import WorkItem
-from agentcore.types import INFRA_FAILURES, Status, Task, Trajectory
+from agentcore.types import Task, Trajectory
 from rl.config import TrainConfig
 from rl.data import families
 from rl.metrics import read_jsonl, step_metrics
 from rl.run import Run
-from rl.stages import stage_plan
+from rl.stages import UNUSABLE, stage_plan
 
 log = logging.getLogger("cuda-agent.train")
 
 FILE = "heldout.jsonl"
-NOT_THE_POLICY = INFRA_FAILURES | {Status.ABORTED}
-"""Ends that say nothing of the policy (the model server or the harness failed, the run stopped):
-a row with one of them would read as the policy failing the task."""
-
-
 class HeldoutError(RuntimeError):
     """A held-out evaluation whose rollouts did not all reach the policy's own end: no row."""
 
@@ -149,8 +144,9 @@ async def evaluate(run: Run, label: str, *, version: int) -> Row | None:
 
 def infrastructure_failures(trajs: list[Trajectory]) -> str:
     """'' when every trajectory ended by the policy's doing, else how many did not and the first
-    one's error."""
-    bad = [t for t in trajs if t.status in NOT_THE_POLICY]
+    one's error: the ends training cannot learn from (`stages.UNUSABLE`: the model server or the
+    harness failed, the run stopped) would read here as the policy failing the task."""
+    bad = [t for t in trajs if t.status in UNUSABLE]
     if not bad:
         return ""
     return f"{len(bad)} of {len(trajs)} rollouts ended in {bad[0].status.value}: {(bad[0].error or '').splitlines()[0][:200]}"

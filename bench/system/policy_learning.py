@@ -128,7 +128,7 @@ def shared_base_row(ppo: TrainConfig, out: Path) -> Row | None:
     run one after another on one GPU evaluate it once. None for a random-init model (its weights
     follow the seed) or a sampled evaluation."""
     label = expected_labels(ppo)[0]
-    if not ppo.model.path or ppo.data.heldout_temperature != 0.0:
+    if not shares_base_row(ppo):
         return None
     limits = (ppo.rollout.max_turns, ppo.rollout.max_new_tokens, ppo.rollout.max_context_tokens, 0.0)
     for other in sorted(out.glob("seed*/ppo")):
@@ -141,20 +141,37 @@ def shared_base_row(ppo: TrainConfig, out: Path) -> Row | None:
     return None
 
 
+def shares_base_row(cfg: TrainConfig) -> bool:
+    """Whether `cfg`'s first held-out row may come from another seed's run: a named pretrained
+    model (every seed starts from its weights), evaluated greedily."""
+    return bool(cfg.model.path) and cfg.data.heldout_temperature == 0.0 and heldout_enabled(cfg)
+
+
 DEMOS_FILE = Path("rollouts") / "rft_demos.jsonl"
 
 
+def teachers(cfg: TrainConfig) -> set[str]:
+    """The task ids of `cfg`'s rft teachers (none without demonstrations)."""
+    return {d.task.task_id for d in demonstrations(cfg)} if cfg.data.demos > 0 else set()
+
+
+def whole_demonstrations(path: Path, want: set[str]) -> bool:
+    """Whether `path` is a finished collection of exactly the teachers `want`, one trajectory each."""
+    if not path.exists():
+        return False
+    lines = path.read_bytes().splitlines()
+    have = {orjson.loads(line)["group_id"] for line in lines if line.strip()}
+    return have == want and len(lines) == len(want)
+
+
 def shared_parts_ready(base: TrainConfig, out: Path, overrides: list[str], seed: int) -> bool:
-    """Whether seed 0's run has what `seed`'s run would take from it: every teacher's trajectory
+    """Whether seed 0's run has what `seed`'s run would take from it: the whole teacher collection
     when both draw the same teachers, the first held-out row when `shared_base_row` would share it."""
     first, mine = (seed_configs(base, out, k, overrides)[0] for k in (0, seed))
-    teachers = {d.task.task_id for d in demonstrations(mine)} if mine.data.demos > 0 else set()
-    if teachers and teachers == {d.task.task_id for d in demonstrations(first)}:
-        demos = Path(first.run_dir) / DEMOS_FILE
-        lines = demos.read_bytes().splitlines() if demos.exists() else []
-        if len([x for x in lines if x.strip()]) < len(teachers):
-            return False
-    if mine.model.path and mine.data.heldout_temperature == 0.0 and heldout_enabled(mine):
+    want = teachers(mine)
+    if want and want == teachers(first) and not whole_demonstrations(Path(first.run_dir) / DEMOS_FILE, want):
+        return False
+    if shares_base_row(mine):
         return any(r.label == expected_labels(first)[0] for r in read_rows(first.run_dir))
     return True
 
@@ -165,11 +182,9 @@ def share_demonstrations(cfg: TrainConfig, out: Path) -> Path | None:
     mine = Path(cfg.run_dir) / DEMOS_FILE
     if mine.exists() or cfg.data.demos <= 0:
         return None
-    want = {d.task.task_id for d in demonstrations(cfg)}
+    want = teachers(cfg)
     for other in sorted(out.glob(f"seed*/ppo/{DEMOS_FILE}")):
-        lines = other.read_bytes().splitlines()
-        have = {orjson.loads(line)["group_id"] for line in lines if line.strip()}
-        if have == want and len(lines) == len(want):
+        if whole_demonstrations(other, want):
             mine.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(other, mine)
             log.info("%s: the rft demonstrations of %s", cfg.run_dir, other)
