@@ -15,6 +15,7 @@ import pytest
 from bench.system.policy_learning import (
     CPU_FAMILIES,
     SeedResult,
+    control_rows,
     main_policy,
     markdown,
     mean_se,
@@ -24,7 +25,7 @@ from bench.system.policy_learning import (
 )
 from rl.config import apply_overrides
 from rl.data import families
-from rl.heldout import Row, read_rows
+from rl.heldout import Row, append_row, read_rows
 from rl.recipes import learning, smoke, smoke_cpu
 from rl.stages import demonstrations
 
@@ -78,6 +79,20 @@ def test_the_control_evaluates_the_runs_post_value_actor_again_without_steps_tha
     assert ppo.steps.ppo == 4 and control.steps.ppo == 0
     assert ppo.rollout.seed == control.rollout.seed == 2000 and ppo.data.seed == 2
     assert ppo.checkpoint.keep >= 3  # the post-value checkpoint outlives the PPO run's own
+
+
+def test_the_control_takes_the_post_rft_row_only_when_that_evaluation_was_greedy(tmp_path):
+    ppo, _ = seed_configs(smoke(), tmp_path, 1, [])
+    assert control_rows(ppo) == []  # no after_rft row yet
+    Path(ppo.run_dir).mkdir(parents=True)
+    append_row(ppo.run_dir, _row("before_rft", -1.0, 0.0))
+    after_rft = _row("after_rft", 0.25, 0.5)
+    append_row(ppo.run_dir, after_rft)
+    rows = control_rows(ppo)
+    assert [r.label for r in rows] == ["before_ppo", "after_ppo"]
+    assert all(r.reward_mean == 0.25 and r.pass_rate == 0.5 and r.shared_from == ppo.run_dir for r in rows)
+    sampled, _ = seed_configs(smoke(), tmp_path, 1, ["data.heldout_temperature=0.7"])
+    assert control_rows(sampled) == []  # a sampled evaluation draws anew: the control run evaluates again
 
 
 def test_the_learning_recipe_fine_tunes_on_every_training_teacher():
@@ -196,10 +211,9 @@ def test_one_seed_of_plumbing_on_the_cpu(tmp_path: Path):
     control = read_rows(tmp_path / "seed0" / "control")
     assert [r.label for r in control] == ["before_ppo", "after_ppo"]
     after_rft = next(r for r in read_rows(tmp_path / "seed0" / "ppo") if r.label == "after_rft")
-    assert control[0] == msgspec.structs.replace(after_rft, label="before_ppo",  # the same actor: not evaluated again
-                                                 shared_from=str(tmp_path / "seed0" / "ppo"))
-    assert control[1].shared_from == "" and control[1].trajectories == after_rft.trajectories  # evaluated again
-    assert not list((tmp_path / "seed0" / "control" / "rollouts").glob("ppo_*.jsonl"))  # and no PPO step
+    for row in control:  # the same actor under greedy decoding: its row, not evaluated again, and no run
+        assert row == msgspec.structs.replace(after_rft, label=row.label, shared_from=str(tmp_path / "seed0" / "ppo"))
+    assert not (tmp_path / "seed0" / "control" / "rollouts").exists()
     assert list((tmp_path / "seed0" / "ppo" / "rollouts").glob("ppo_*.jsonl"))  # the PPO run's steps
     for row in read_rows(tmp_path / "seed0" / "ppo"):  # the recipe's limits, recorded with each row
         assert (row.max_turns, row.max_new_tokens, row.temperature) == (

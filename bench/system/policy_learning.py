@@ -4,9 +4,12 @@ What it is: for each seed, one training run of the `learning` recipe from the na
 the teacher trajectories of all of the `rl.data.families` training split -> value pretraining ->
 PPO, with real compile, verify and profile), then the control: the same PPO stage started from the same
 post-value checkpoint with the actor's learning rate at 0. Such steps would move the critic
-alone, and the held-out row reads only the actor, so the control takes no step: it evaluates the
-post-value actor again, the row its lr-0 run would end with. Both write an `after_ppo` held-out
-row (`rl.heldout`). Written to
+alone, and the held-out row reads only the actor, so the control's `after_ppo` row is that of the
+post-value actor, which is the post-rft actor bit for bit (value pretraining trains the critic
+alone). Under greedy decoding (the recipe's) that actor's row is the PPO run's `after_rft` row,
+taken as it is (`Row.shared_from`); a sampled evaluation evaluates it again in a control run that
+takes no PPO step. PPO minus control is then, per seed, what PPO's actor updates changed on the
+held-out split. Written to
 OUT: `learning.json` (every held-out row of every run), `learning.md` (the table per seed, the
 mean and standard error over seeds of PPO minus control, and the two targets checked) and
 `learning.png` (held-out mean reward and pass rate per seed: before rft, after rft, after PPO,
@@ -88,8 +91,8 @@ def seed_configs(base: TrainConfig, out: Path, seed: int, overrides: list[str]) 
     """(the PPO run, its control) of one seed; the control starts from the PPO run's checkpoint
     after the value stage with actor_lr 0. Its held-out row reads the actor alone, and PPO steps
     at actor_lr 0 leave the actor as that checkpoint has it (they would train only the critic),
-    so the control takes none (`steps.ppo=0`): its `after_ppo` row is that actor evaluated
-    again, as the lr-0 run would end."""
+    so the control takes none (`steps.ppo=0`). It runs only for a sampled evaluation
+    (`control_rows`)."""
     common = [f"seed={seed}", f"data.seed={seed}", f"rollout.seed={1000 * seed}", f"model.seed={seed}",
               "checkpoint.keep=3", *overrides]
     ppo = apply_overrides(base, [*common, f"run_dir={out / f'seed{seed}' / 'ppo'}"])
@@ -105,9 +108,13 @@ def run_seed(base: TrainConfig, out: Path, seed: int, overrides: list[str]) -> S
     t0 = time.monotonic()
     ppo, control = seed_configs(base, out, seed, overrides)
     share_demonstrations(ppo, out)
-    for cfg in (ppo, control):
-        if not any(r.label == "after_ppo" for r in read_rows(cfg.run_dir)):
-            _train(cfg, starting_row(ppo) if cfg is control else shared_base_row(ppo, out))
+    if not _finished(ppo):
+        _train(ppo, shared_base_row(ppo, out))
+    if not _finished(control):
+        if rows := control_rows(ppo):
+            _write_rows(control, rows)
+        else:
+            _train(control, starting_row(ppo))
     return SeedResult(seed=seed, ppo=_by_label(ppo.run_dir), control=_by_label(control.run_dir),
                       wall_s=time.monotonic() - t0)
 
@@ -120,6 +127,31 @@ def starting_row(ppo: TrainConfig) -> Row | None:
     if "after_rft" not in rows or ppo.data.heldout_temperature != 0.0:
         return None
     return msgspec.structs.replace(rows["after_rft"], label="before_ppo", shared_from=str(ppo.run_dir))
+
+
+def control_rows(ppo: TrainConfig) -> list[Row]:
+    """The control's rows (`before_ppo`, `after_ppo`) without a run, when the PPO run evaluated the
+    control's actor greedily: the post-rft actor is the post-value one bit for bit and no step at
+    actor_lr 0 moves it, so the lr-0 run would end with the weights `after_rft` evaluated, and a
+    greedy evaluation of the same weights is that row. Empty when the evaluation samples or the PPO
+    run has no `after_rft` row yet."""
+    start = starting_row(ppo)
+    if start is None:
+        return []
+    return [start, msgspec.structs.replace(start, label="after_ppo")]
+
+
+def _finished(cfg: TrainConfig) -> bool:
+    return any(r.label == "after_ppo" for r in read_rows(cfg.run_dir))
+
+
+def _write_rows(cfg: TrainConfig, rows: list[Row]) -> None:
+    """`rows` as the whole held-out record of `cfg`'s run directory."""
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / HELDOUT_FILE).unlink(missing_ok=True)
+    for row in rows:
+        append_row(run_dir, row)
 
 
 def shared_base_row(ppo: TrainConfig, out: Path) -> Row | None:
@@ -425,9 +457,8 @@ def _write(out: Path, policy: str, results: list[SeedResult]) -> dict[str, Any]:
     return v
 
 
-__all__ = ["SeedResult", "base_config", "child_device", "main_policy", "main_seed", "mean_se", "run_seed",
-           "seed_configs", "shared_base_row",
-           "share_demonstrations", "verdicts"]
+__all__ = ["SeedResult", "base_config", "child_device", "control_rows", "main_policy", "main_seed", "mean_se",
+           "run_seed", "seed_configs", "share_demonstrations", "shared_base_row", "verdicts"]
 
 
 if __name__ == "__main__":

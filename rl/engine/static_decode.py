@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,8 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from rl.engine.batch import Batch
+
+log = logging.getLogger(__name__)
 
 MIN_COLUMNS = 512
 """Fewest KV columns of a captured shape: shorter batches share one graph."""
@@ -210,6 +213,10 @@ class StaticDecoder:
         # zeros, not empty: a masked column's value is multiplied by a zero weight, and 0 * NaN is NaN
         self.keys = [torch.zeros(size, dtype=dtype, device=self.device) for _ in self.layers]
         self.values = [torch.zeros(size, dtype=dtype, device=self.device) for _ in self.layers]
+        gib = 2 * sum(k.numel() * k.element_size() for k in self.keys) / 2**30
+        # A run's log says the static path is on, and how often its graphs were captured again
+        log.info("static decode: KV buffers of %d rows x %d columns (%.2f GiB); %d graphs captured so far",
+                 size[0], size[2], gib, self.captures)
         self.shapes.clear()  # a batch whose cache views the old buffers keeps them alive; `begin` copies
         # The allocator frees a graph pool once its last graph is gone, and capturing into the
         # freed pool's handle fails: the next graph starts a pool of its own.
