@@ -44,8 +44,15 @@ from rewards.build.plan import FIXED_FILES, TEMPLATE_DIR
 from rewards.queue.gpu_queue import GpuQueue, GpuQueueConfig, count_gpus
 from rewards.static.checks import check_workspace, file_digest
 from rewards.timing.baselines import Baselines, task_sha256
+from rewards.timing.profile import COMPILE_HANDLER, COMPILE_KIND
 from rewards.timing.profile import HANDLER as PROFILE_HANDLER
-from rewards.timing.profile import Profile, ProfileConfig, profile_workspace, to_profile_result
+from rewards.timing.profile import (
+    Profile,
+    ProfileConfig,
+    profile_workspace,
+    reference_artifacts,
+    to_profile_result,
+)
 from rewards.verdict import Rules, Verdict, VerdictStatus, hack_verdict
 from rewards.verify.verifier import VerifyConfig, to_verify_result, verify_workspace
 
@@ -123,6 +130,7 @@ class RewardsKernelEnv:
         self.builds: dict[Path, Build] = {}  # last build per workspace path
         self.baselines: dict[str, Baselines] = {}  # per task source sha256; one entry per task
         self.compile_caches: OrderedDict[str, bytes] = OrderedDict()  # the reference's Inductor artifacts
+        self._compiling: dict[str, anyio.Lock] = {}  # per task: its one reference compile job
 
     async def prepare(self, workspace: Path, task: Task) -> Prepared:
         """Static checks, then the build; remembers the build's artifact for the workspace."""
@@ -163,6 +171,8 @@ class RewardsKernelEnv:
         timed together in the candidate's process; the reference's Inductor artifacts, recorded
         by the first job of the task that compiled it, go with later requests."""
         key = task_sha256(task.source)
+        if paired and self.config.profile.compile_cache:
+            await self._compile_reference(task, key)
         outcome = await profile_workspace(self._queue(), workspace, task, build.artifact.so_path,
                                           config=self.config.profile, deadline_s=self.config.job_deadline_s,
                                           baselines=None if paired else self.baselines.get(key), paired=paired,
@@ -170,10 +180,28 @@ class RewardsKernelEnv:
         if outcome.baselines is not None:
             self.baselines[key] = outcome.baselines
         if outcome.compile_cache:
-            self.compile_caches[key] = outcome.compile_cache
-            while len(self.compile_caches) > self.config.compile_cache_tasks:
-                self.compile_caches.popitem(last=False)
+            self._keep_compile_cache(key, outcome.compile_cache)
         return outcome
+
+    async def _compile_reference(self, task: Task, key: str) -> None:
+        """The task's reference artifacts from a job that shares its GPU, one job per task (the
+        trajectories of a group that end together wait for it): the paired job has the GPU alone,
+        and every other job of the machine waits while it compiles. A task whose job failed or
+        recorded nothing (no generated kernel) is left to its paired jobs, as without this job."""
+        first = key not in self._compiling
+        async with self._compiling.setdefault(key, anyio.Lock()):
+            if not first or self._compile_cache(key):
+                return
+            artifacts = await reference_artifacts(self._queue(), task, config=self.config.profile,
+                                                  deadline_s=self.config.job_deadline_s)
+            if artifacts:
+                self._keep_compile_cache(key, artifacts)
+
+    def _keep_compile_cache(self, key: str, artifacts: bytes) -> None:
+        self.compile_caches[key] = artifacts
+        self.compile_caches.move_to_end(key)
+        while len(self.compile_caches) > self.config.compile_cache_tasks:
+            self.compile_caches.popitem(last=False)
 
     def _compile_cache(self, key: str) -> bytes:
         if key in self.compile_caches:
@@ -222,7 +250,7 @@ async def detect_gpus(config: EnvConfig) -> tuple[int, ...]:
 
 def queue_config(config: EnvConfig, gpus: tuple[int, ...]) -> GpuQueueConfig:
     sandbox = config.sandbox == "on" or (config.sandbox == "auto" and shutil.which(config.queue.bwrap_path) is not None)
-    handlers = {"profile": PROFILE_HANDLER, **config.queue.handlers}
+    handlers = {"profile": PROFILE_HANDLER, COMPILE_KIND: COMPILE_HANDLER, **config.queue.handlers}
     return GpuQueueConfig(**{**_fields(config.queue), "gpus": gpus, "sandbox": sandbox, "handlers": handlers,
                              "lanes_per_gpu": config.lanes_per_gpu})
 

@@ -137,7 +137,10 @@ class Run:
                      tag, s.groups_emitted, groups, s.finished, dict(s.by_status), s.in_flight, s.turns,
                      s.generated_tokens, limits,
                      "" if busy is None else f"; gpu queue depth {queue.get('gpu_queue/depth', 0):.0f}, "
-                                             f"{queue.get('gpu_queue/jobs_done', 0):.0f} jobs, busy {busy:.0%}",
+                                             f"{queue.get('gpu_queue/jobs_done', 0):.0f} jobs, busy {busy:.0%} "
+                                             f"(alone {queue.get('gpu_queue/exclusive_busy_fraction', 0):.0%}), "
+                                             f"waiting for other queues "
+                                             f"{queue.get('gpu_queue/lock_wait_fraction', 0):.0%}",
                      s.elapsed_s)
 
 

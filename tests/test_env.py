@@ -35,6 +35,7 @@ from rewards.env import (
     queue_config,
 )
 from rewards.evaluate import FinalEvaluator, snapshot_solution
+from rewards.timing.profile import COMPILE_KIND
 
 REPO = Path(__file__).resolve().parents[1]
 RELU = REPO / "tests" / "fixtures" / "build" / "relu"
@@ -73,6 +74,32 @@ def test_the_queue_gets_the_envs_lanes_per_gpu_and_the_profile_handler():
     queue = queue_config(EnvConfig(lanes_per_gpu=3, sandbox="off"), (0, 1))
     assert (queue.gpus, queue.lanes_per_gpu, "profile" in queue.handlers) == ((0, 1), 3, True)
     assert "verify" in queue.shared_kinds and "profile" not in queue.shared_kinds
+    assert COMPILE_KIND in queue.handlers and COMPILE_KIND in queue.shared_kinds  # it times nothing
+
+
+async def test_a_tasks_reference_compile_is_one_job_however_many_trajectories_end_at_once(tmp_path):
+    """Before a task's first paired timing the env has its reference compiled by a shared job,
+    once: trajectories of a group that end together wait for that one job, and a later one finds
+    it done. (On this CPU machine the job fails, for want of CUDA: the paired job compiles, as
+    without it.)"""
+    import anyio
+    import msgspec
+
+    from rewards.queue.gpu_queue import GpuQueue
+    from rewards.timing.baselines import task_sha256
+
+    config = EnvConfig(sandbox="off")
+    lanes = msgspec.structs.replace(queue_config(config, (0,)), scratch_root=str(tmp_path / "scratch"),
+                                    gpu_locks=False)
+    task = task_of(RELU)
+    async with GpuQueue(lanes) as queue:
+        env = RewardsKernelEnv(CompilePool(CompileConfig(cache_dir=str(tmp_path / "cache"))), queue, config)
+        async with anyio.create_task_group() as tg:
+            for _ in range(4):
+                tg.start_soon(env._compile_reference, task, task_sha256(task.source))
+        await env._compile_reference(task, task_sha256(task.source))
+        stats = queue.statistics()
+    assert stats.jobs_done == 1 and sum(lane.exclusive_jobs for lane in stats.lanes) == 0
 
 
 async def test_compile_builds_the_relu_fixture(env, tmp_path):

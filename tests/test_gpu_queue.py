@@ -278,6 +278,15 @@ async def test_a_timing_job_has_its_gpu_alone_from_another_queues_jobs_too(confi
     assert (overlapping == []) == locks, overlapping
     if locks:  # the other queue's later jobs waited for the timing jobs, not the other way round
         assert max(t.ended for t in timed.values()) < max(o.ended for o in spans.values())
+    stats_mine, stats_other = q_mine.statistics(), q_other.statistics()
+    # Each queue says how long its lanes waited for the other's jobs, and how much of its work had the GPU alone
+    waited_s = [s.lock_wait_fraction * len(s.lanes) * s.uptime_s for s in (stats_mine, stats_other)]
+    if locks:  # the timing jobs waited for the other's running jobs; its later jobs for the timing jobs
+        assert waited_s[0] > 0.05 and waited_s[1] > 0.1, waited_s
+    else:
+        assert waited_s == [0.0, 0.0]
+    assert stats_mine.busy_fraction > 0 and stats_mine.exclusive_busy_fraction == pytest.approx(stats_mine.busy_fraction)
+    assert stats_other.exclusive_busy_fraction == 0 < stats_other.busy_fraction
 
 
 async def test_another_queues_jobs_on_another_gpu_do_not_hold_up_a_timing_job(config):

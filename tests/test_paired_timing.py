@@ -400,6 +400,33 @@ def test_paired_timing_round_trips_in_a_profile():
     assert decode(encode(profile), Profile) == profile
 
 
+def test_a_tasks_reference_is_compiled_by_a_job_that_shares_its_gpu(tmp_path):
+    """The first paired job of a task used to compile its reference while it had the GPU alone
+    (every other job of the machine waiting); a job of a shared kind records the artifacts first.
+    On the CPU: the real queue, worker and handler, Inductor's C++ codegen for the device."""
+    import anyio
+
+    from agentcore.types import Task
+    from rewards.queue.gpu_queue import GpuQueue, GpuQueueConfig
+    from rewards.timing.profile import COMPILE_HANDLER, COMPILE_KIND, reference_artifacts
+
+    config = GpuQueueConfig(gpus=(0,), handlers={COMPILE_KIND: COMPILE_HANDLER}, job_default_deadline_s=600.0,
+                            scratch_root=str(tmp_path / "scratch"), gpu_locks=False)
+    assert COMPILE_KIND in config.shared_kinds
+
+    async def compile_twice() -> tuple[bytes, bytes, object]:
+        async with GpuQueue(config) as queue:
+            task = Task(task_id="pointwise", source=POINTWISE_TASK.replace("8 * 1024 * 1024", "4096"))
+            artifacts = await reference_artifacts(queue, task, device="cpu")
+            broken = await reference_artifacts(queue, Task(task_id="broken", source="import torch\n"), device="cpu")
+            return artifacts, broken, queue.statistics()
+
+    artifacts, broken, stats = anyio.run(compile_twice)
+    assert artifacts  # Inductor's artifacts of the compile, for the paired job to load
+    assert broken == b""  # a reference that cannot be built: nothing, and the paired job says why
+    assert stats.jobs_done == 2 and sum(lane.exclusive_jobs for lane in stats.lanes) == 0
+
+
 def test_the_child_tells_paired_from_single_requests():
     load = Load(task_source="", candidate_dir="c", so_path="", device="cuda", init_inputs="[]", init_seed=0, state={},
                 transfer_dir="t")

@@ -150,11 +150,14 @@ class GpuQueue:
         lane = await self._dispatcher.acquire(wanted, exclusive=exclusive)
         async with AsyncExitStack() as machine:  # the GPU against other queues of the machine
             if self._locks is not None:
+                laned = time.monotonic()
                 try:
                     await machine.enter_async_context(self._locks.hold(device_name(lane.gpu), exclusive=exclusive))
                 except BaseException:  # cancelled while another queue's job held the GPU
+                    lane.locked(time.monotonic() - laned)
                     self._dispatcher.release(lane)
                     raise
+                lane.locked(time.monotonic() - laned)
             worker = lane.worker
             lane.begin()
             held = time.monotonic()
@@ -182,6 +185,8 @@ class GpuQueue:
             depth=self._dispatcher.depth(),
             exclusive_depth=self._dispatcher.depth(exclusive=True),
             busy_fraction=sum(s.busy_fraction for s in lanes) / max(len(lanes), 1),
+            exclusive_busy_fraction=sum(s.exclusive_busy_fraction for s in lanes) / max(len(lanes), 1),
+            lock_wait_fraction=sum(s.lock_wait_fraction for s in lanes) / max(len(lanes), 1),
             jobs_done=jobs_done,
             jobs_per_s=jobs_done / uptime_s,
             restarts=sum(s.restarts for s in lanes),

@@ -106,6 +106,8 @@ class LaneStatistics(Struct, frozen=True, kw_only=True):
     busy: bool  # a job holds this lane
     depth: int  # submitters waiting for this lane's GPU in particular (pinned)
     busy_fraction: float  # seconds holding a job / seconds since start
+    exclusive_busy_fraction: float = 0.0  # of busy_fraction, jobs that had the GPU to themselves
+    lock_wait_fraction: float = 0.0  # seconds a submitter held the lane waiting for the GPU's machine-wide lock
     jobs_done: int
     exclusive_jobs: int = 0  # of `jobs_done`, those that had the GPU to themselves (`SHARED_KINDS`)
     jobs_per_s: float
@@ -122,7 +124,9 @@ class QueueStatistics(Struct, frozen=True, kw_only=True):
     lanes: tuple[LaneStatistics, ...]
     depth: int
     exclusive_depth: int = 0  # of `depth`, submitters whose job will have its GPU to itself
-    busy_fraction: float
+    busy_fraction: float  # the lanes' mean
+    exclusive_busy_fraction: float = 0.0  # the lanes' mean: of busy_fraction, jobs with the GPU alone
+    lock_wait_fraction: float = 0.0  # the lanes' mean: waiting for other queues' jobs (`gpu_lock`)
     jobs_done: int
     jobs_per_s: float
     restarts: int
@@ -171,9 +175,11 @@ HANDLERS: dict[str, str] = {
 
 Handler = Callable[[bytes, JobContext], bytes]
 
-SHARED_KINDS: tuple[str, ...] = ("ping", "sleep", "crash", "cuda_poison", "print", "echo_env", "cuda_probe", "verify")
+SHARED_KINDS: tuple[str, ...] = ("ping", "sleep", "crash", "cuda_poison", "print", "echo_env", "cuda_probe", "verify",
+                                 "reference_compile")
 """Kinds that time nothing, so on a GPU with several lanes they run beside each other (verify
-judges outputs; its timeouts are budgets, not measurements). Every other kind has its GPU to
+judges outputs; its timeouts are budgets, not measurements; reference_compile records a task's
+torch.compile artifacts for the paired timing that follows, `rewards.timing.profile`). Every other kind has its GPU to
 itself while it runs: `profile` (the agent's tool, the baselines it measures once per task, and
 the final evaluation's paired timing), `baseline` (the KernelBench recheck's), `synth_filter`
 (the data filters' runtime filter), and any kind a config adds, unless listed in

@@ -106,6 +106,8 @@ class Lane:
         self.worker: WorkerProcess | None = None
         self.held_since: float | None = None
         self.busy_s = 0.0
+        self.exclusive_busy_s = 0.0  # of busy_s, jobs that had the GPU to themselves
+        self.lock_wait_s = 0.0  # held by a submitter that waits for the machine-wide lock of the GPU
         self.jobs_done = self.exclusive_jobs = self.restarts = self.timeouts = self.crashes = self.poisoned = 0
         self.restart_s = 0.0
 
@@ -117,8 +119,15 @@ class Lane:
     def begin(self) -> None:
         self.held_since = time.monotonic()
 
+    def locked(self, waited_s: float) -> None:
+        """The submitter holding this lane waited `waited_s` for the GPU's machine-wide lock
+        (other queues' jobs on the GPU) before its job could begin."""
+        self.lock_wait_s += waited_s
+
     def end(self, status: JobStatus | None, *, exclusive: bool = False) -> None:
-        self.busy_s += time.monotonic() - self.held_since
+        held_s = time.monotonic() - self.held_since
+        self.busy_s += held_s
+        self.exclusive_busy_s += held_s if exclusive else 0.0
         self.held_since = None
         if status is not None:
             self.jobs_done += 1
@@ -136,6 +145,8 @@ class Lane:
             busy=self.held_since is not None,
             depth=depth,
             busy_fraction=busy_s / uptime_s,
+            exclusive_busy_fraction=self.exclusive_busy_s / uptime_s,
+            lock_wait_fraction=self.lock_wait_s / uptime_s,
             jobs_done=self.jobs_done,
             exclusive_jobs=self.exclusive_jobs,
             jobs_per_s=self.jobs_done / uptime_s,

@@ -14,7 +14,9 @@ What it is: `run_profile(request, work_dir=)` in one of two ways.
   together in rotated rounds (`rewards.timing.paired`, `rewards.timing.paired_timer`); the
   speedups are median per-round ratios with intervals. Inductor's cache artifacts of the
   reference's compile are recorded in this trusted process (`compile_cache`; the env keeps them
-  per task) and loaded by the child, which then skips Inductor's codegen and Triton builds.
+  per task) and loaded by the child, which then skips Inductor's codegen and Triton builds. The env
+  has them recorded before a task's first paired job by a job of kind `COMPILE_KIND`, which times
+  nothing and so shares its GPU (`reference_artifacts`); a paired job without them records them.
 The child gets the same `Load` message the verification child gets (the reference's state_dict
 as a blob file, the init seed), plus the timing config; it answers one `Timed` message and exits.
 
@@ -63,6 +65,8 @@ from rewards.verify.verifier import CandidateProcess, Launcher, job_files
 from rewards.verify.wire import ChildGone, Load, write_state
 
 HANDLER = "rewards.timing.profile:profile"
+COMPILE_KIND = "reference_compile"
+COMPILE_HANDLER = "rewards.timing.profile:reference_compile"
 
 
 class ProfileConfig(Struct, frozen=True, kw_only=True):
@@ -360,6 +364,13 @@ def profile(payload: bytes, ctx: JobContext) -> bytes:
     return encode(run_profile(decode(payload, ProfileRequest), work_dir=Path(ctx.scratch_dir)))
 
 
+def reference_compile(payload: bytes, ctx: JobContext) -> bytes:
+    """GPU-queue handler of kind `COMPILE_KIND`: a ProfileRequest in, Inductor's artifacts of its
+    reference's compile out (`compile_reference`, as a paired job would record them). It times
+    nothing, so it shares its GPU with verification; the paired job that follows loads them."""
+    return compile_reference(decode(payload, ProfileRequest))
+
+
 # ---------------------------------------------------------------------------------------------
 # The orchestrator's side.
 
@@ -393,6 +404,19 @@ async def profile_workspace(queue, workspace_dir: Path, task: Task, artifact_pat
     return profile_from_job(result.status, result.value, result.error)
 
 
+async def reference_artifacts(queue, task: Task, *, config: ProfileConfig = ProfileConfig(), device: str = "cuda",
+                              deadline_s: float | None = None) -> bytes:
+    """Inductor's artifacts of `task`'s reference compiled by a job that shares its GPU: the first
+    paired job of a task then spends none of the time it has the GPU alone on torch.compile (its
+    codegen and Triton builds took seconds per task, under every other job's wait). Empty when the
+    job failed: the paired job compiles and records them itself, as without this step."""
+    request = ProfileRequest(task_source=task.source, device=device, config=config, paired=True)
+    job = Job(job_id=f"compile-{task.task_id}-{uuid.uuid4().hex[:8]}", kind=COMPILE_KIND, payload=encode(request),
+              deadline_s=deadline_s)
+    result = await queue.submit(job)
+    return result.value if result.status is JobStatus.OK else b""
+
+
 CACHED_NOTE = ("The eager and torch.compile times are cached from an earlier run in another process; "
                "on launch-bound models (many small kernels) such times can differ by up to 2x between runs. "
                "The final reward times all three together.")
@@ -412,7 +436,8 @@ def to_profile_result(outcome: Profile) -> ProfileResult:
 
 
 __all__ = [
-    "CACHED_NOTE", "HANDLER", "Profile", "ProfileConfig", "ProfileInfrastructureError", "ProfileRequest",
-    "TimeCandidate", "TimePaired", "Timed", "compile_reference", "profile", "profile_from_job", "profile_workspace",
-    "recorded_compiles", "run_profile", "time_candidate", "time_paired", "to_profile_result",
+    "CACHED_NOTE", "COMPILE_HANDLER", "COMPILE_KIND", "HANDLER", "Profile", "ProfileConfig", "ProfileInfrastructureError",
+    "ProfileRequest", "TimeCandidate", "TimePaired", "Timed", "compile_reference", "profile", "profile_from_job",
+    "profile_workspace", "recorded_compiles", "reference_artifacts", "reference_compile", "run_profile",
+    "time_candidate", "time_paired", "to_profile_result",
 ]
