@@ -154,8 +154,18 @@ class FinalEvaluator:
         elif not timed.ok or timed.candidate is None:
             verdict = msgspec.structs.replace(verdict, status=VerdictStatus.RUNTIME_ERROR, message=timed.message)
         if self.config.paired:
-            return score_paired(verdict, timed.paired, self.config.reward)
-        return score(verdict, timed.candidate, timed.eager, timed.compiled, self.config.reward)
+            scored = score_paired(verdict, timed.paired, self.config.reward)
+        else:
+            scored = score(verdict, timed.candidate, timed.eager, timed.compiled, self.config.reward)
+        return msgspec.structs.replace(scored, breakdown=scored.breakdown | job_times(timed))
 
 
-__all__ = ["EvaluateConfig", "FinalEvaluator", "snapshot_solution", "solution_files"]
+def job_times(timed: Profile) -> dict[str, float]:
+    """Where a final evaluation's profile job spent its time, for the trajectory's record: its wait
+    in the GPU queue, how long it held its lane (a timing job: the GPU alone, every other job of
+    the machine waiting), and its phases in ms (`rewards.verify.phases`; "child." from the child)."""
+    times = {"profile_wait_s": round(timed.job_wait_s, 3), "profile_held_s": round(timed.job_wall_s, 3)}
+    return times | {f"profile_ms.{name}": round(ms, 1) for name, ms in timed.phases_ms.items()}
+
+
+__all__ = ["EvaluateConfig", "FinalEvaluator", "job_times", "snapshot_solution", "solution_files"]

@@ -580,6 +580,19 @@ def test_a_check_that_runs_out_of_memory_gives_no_verdict_and_a_failing_forward_
     assert why.startswith("forward failed after the timed calls") and "illegal memory access" in why
 
 
+def test_a_final_evaluation_records_where_its_profile_job_spent_its_time():
+    """The trajectory's record says how long the final evaluation's timing job waited in the GPU
+    queue, how long it had the GPU alone and on what (its phases): a run's slow phases read from it."""
+    timing = paired_timing(speedup(1.3, 1.25, 1.35), speedup(1.2, 1.15, 1.25))
+    timed = Profile(ok=True, candidate=timing.fastest("candidate").timing, paired=timing, job_wait_s=12.5,
+                    job_wall_s=4.9, phases_ms={"compile_cache": 0.0, "child.reference": 3296.8})
+    scored = FinalEvaluator(env=None)._scored(OK, timed)
+    assert scored.reward == score_paired(OK, timing).reward  # the times are a record, not part of the reward
+    info = reward_info(scored)
+    assert (info["breakdown.profile_wait_s"], info["breakdown.profile_held_s"]) == (12.5, 4.9)
+    assert info["breakdown.profile_ms.child.reference"] == 3296.8 and info["breakdown.profile_ms.compile_cache"] == 0.0
+
+
 def test_diverged_timed_calls_are_output_caching_and_minus_one():
     evaluator = FinalEvaluator(env=None)
     diverged = Profile(ok=False, message="the candidate's timed calls diverged: x", diverged="x")

@@ -127,6 +127,10 @@ class Profile(Struct, frozen=True, kw_only=True):
     """Inductor artifacts recorded by this job (empty when none were recorded or the request had them)."""
     reference_candidate: bool = False
     """The timing-only harness mode timed the task's own Model as the candidate: never score it."""
+    job_wait_s: float = 0.0
+    """Seconds the job waited in the GPU queue for its lane (stamped by `profile_workspace`)."""
+    job_wall_s: float = 0.0
+    """Seconds the job held its lane; a timing job has its GPU alone meanwhile."""
     diverged: str = ""
     """Paired timing: after the timed calls the candidate's forward no longer matched the reference
     (what it computed while timed is not what was verified): why. Scored as output_caching."""
@@ -401,7 +405,8 @@ async def profile_workspace(queue, workspace_dir: Path, task: Task, artifact_pat
     job = Job(job_id=f"profile-{task.task_id}-{uuid.uuid4().hex[:8]}", kind="profile", payload=encode(request),
               files=files, deadline_s=deadline_s)
     result = await queue.submit(job)
-    return profile_from_job(result.status, result.value, result.error)
+    outcome = profile_from_job(result.status, result.value, result.error)
+    return msgspec.structs.replace(outcome, job_wait_s=result.wait_s, job_wall_s=result.wall_s)
 
 
 async def reference_artifacts(queue, task: Task, *, config: ProfileConfig = ProfileConfig(), device: str = "cuda",
