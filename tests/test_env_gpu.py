@@ -17,6 +17,7 @@ from agentcore.types import Task
 from rewards.build.compile_pool import CompileConfig
 from rewards.env import EnvConfig, open_kernel_env, pristine_files
 from rewards.evaluate import FinalEvaluator
+from rewards.timing.baselines import task_sha256
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "rl" / "demos" / "l1_47_sum_dim"
@@ -61,8 +62,13 @@ async def test_final_evaluator_rewards_the_honest_demo(tmp_path):
     ws, task = make_workspace(DEMO, tmp_path), task_of(DEMO)
     async with open_kernel_env(env_config(tmp_path)) as env:
         result = await FinalEvaluator(env).evaluate(ws, task)
+        stats = env.queue.statistics()
+        artifacts = env.compile_caches.get(task_sha256(task.source))
     assert result.verdict.ok, result.verdict.message
     assert result.reward >= 1
+    # The reference was compiled by a shared job first: the paired job, alone on the GPU, compiled nothing
+    assert artifacts and "profile_ms.compile_cache" not in result.breakdown, result.breakdown
+    assert sum(lane.exclusive_jobs for lane in stats.lanes) == 1 and result.breakdown["profile_held_s"] > 0
 
 
 async def test_final_evaluator_gives_a_dynamic_cheat_minus_one(tmp_path):

@@ -128,7 +128,7 @@ class Profile(Struct, frozen=True, kw_only=True):
     reference_candidate: bool = False
     """The timing-only harness mode timed the task's own Model as the candidate: never score it."""
     job_wait_s: float = 0.0
-    """Seconds the job waited in the GPU queue for its lane (stamped by `profile_workspace`)."""
+    """Seconds the job waited for its lane and its GPU (stamped by `profile_workspace`)."""
     job_wall_s: float = 0.0
     """Seconds the job held its lane; a timing job has its GPU alone meanwhile."""
     diverged: str = ""
@@ -413,8 +413,8 @@ async def reference_artifacts(queue, task: Task, *, config: ProfileConfig = Prof
                               deadline_s: float | None = None) -> bytes:
     """Inductor's artifacts of `task`'s reference compiled by a job that shares its GPU: the first
     paired job of a task then spends none of the time it has the GPU alone on torch.compile (its
-    codegen and Triton builds took seconds per task, under every other job's wait). Empty when the
-    job failed: the paired job compiles and records them itself, as without this step."""
+    codegen and Triton builds, while every other job of the machine waits). Empty when the job
+    failed or recorded nothing: the paired job compiles (and records) them itself, as without it."""
     request = ProfileRequest(task_source=task.source, device=device, config=config, paired=True)
     job = Job(job_id=f"compile-{task.task_id}-{uuid.uuid4().hex[:8]}", kind=COMPILE_KIND, payload=encode(request),
               deadline_s=deadline_s)
