@@ -36,6 +36,8 @@ from rl.stages import UNUSABLE, stage_plan
 log = logging.getLogger("cuda-agent.train")
 
 FILE = "heldout.jsonl"
+
+
 class HeldoutError(RuntimeError):
     """A held-out evaluation whose rollouts did not all reach the policy's own end: no row."""
 

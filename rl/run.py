@@ -131,17 +131,20 @@ class Run:
             await anyio.sleep(every)
             s = orch.statistics()
             limits = " ".join(f"{k}={v.borrowed}/{v.total}+{v.waiting}w" for k, v in s.limiters.items())
-            queue = self.env_statistics()
-            busy = queue.get("gpu_queue/busy_fraction")
             log.info("%s: %d of %d groups, %d trajectories done %s, %d in flight, %d turns, %d tokens; %s%s (%.0f s)",
                      tag, s.groups_emitted, groups, s.finished, dict(s.by_status), s.in_flight, s.turns,
-                     s.generated_tokens, limits,
-                     "" if busy is None else f"; gpu queue depth {queue.get('gpu_queue/depth', 0):.0f}, "
-                                             f"{queue.get('gpu_queue/jobs_done', 0):.0f} jobs, busy {busy:.0%} "
-                                             f"(alone {queue.get('gpu_queue/exclusive_busy_fraction', 0):.0%}), "
-                                             f"waiting for other queues "
-                                             f"{queue.get('gpu_queue/lock_wait_fraction', 0):.0%}",
-                     s.elapsed_s)
+                     s.generated_tokens, limits, queue_progress(self.env_statistics()), s.elapsed_s)
+
+
+def queue_progress(queue: dict[str, float]) -> str:
+    """The GPU queue's part of a progress line ('' without a queue): depth, jobs, how busy its lanes
+    are and how much of that with the GPU alone, and their wait for other queues' jobs."""
+    busy = queue.get("gpu_queue/busy_fraction")
+    if busy is None:
+        return ""
+    return (f"; gpu queue depth {queue.get('gpu_queue/depth', 0):.0f}, {queue.get('gpu_queue/jobs_done', 0):.0f} "
+            f"jobs, busy {busy:.0%} (alone {queue.get('gpu_queue/exclusive_busy_fraction', 0):.0%}), waiting for "
+            f"other queues {queue.get('gpu_queue/lock_wait_fraction', 0):.0%}")
 
 
 def resolve_tokenizer(cfg: TrainConfig, run_dir: Path) -> str:
@@ -269,4 +272,4 @@ async def _engine(cfg: TrainConfig, learner: LearnerGroup, stack: AsyncExitStack
     return (clients[0] if len(clients) == 1 else Router(clients)), clients
 
 
-__all__ = ["Run", "open_run", "resolve_tokenizer"]
+__all__ = ["Run", "open_run", "queue_progress", "resolve_tokenizer"]

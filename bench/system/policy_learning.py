@@ -113,8 +113,8 @@ def run_seed(base: TrainConfig, out: Path, seed: int, overrides: list[str]) -> S
     if not _finished(control):
         if rows := control_rows(ppo):
             _write_rows(control, rows)
-        else:
-            _train(control, starting_row(ppo))
+        else:  # a sampled evaluation: the control evaluates its actor itself
+            _train(control)
     return SeedResult(seed=seed, ppo=_by_label(ppo.run_dir), control=_by_label(control.run_dir),
                       wall_s=time.monotonic() - t0)
 

@@ -154,10 +154,10 @@ class GpuQueue:
                 try:
                     await machine.enter_async_context(self._locks.hold(device_name(lane.gpu), exclusive=exclusive))
                 except BaseException:  # cancelled while another queue's job held the GPU
-                    lane.locked(time.monotonic() - laned)
                     self._dispatcher.release(lane)
                     raise
-                lane.locked(time.monotonic() - laned)
+                finally:
+                    lane.locked(time.monotonic() - laned)
             worker = lane.worker
             lane.begin()
             held = time.monotonic()
@@ -180,13 +180,17 @@ class GpuQueue:
         uptime_s = max(now - self._started, 1e-9)
         lanes = tuple(lane.statistics(now, uptime_s, self._dispatcher.depth(lane.gpu)) for lane in self._lanes)
         jobs_done = sum(s.jobs_done for s in lanes)
+
+        def mean(field: str) -> float:
+            return sum(getattr(s, field) for s in lanes) / max(len(lanes), 1)
+
         return QueueStatistics(
             lanes=lanes,
             depth=self._dispatcher.depth(),
             exclusive_depth=self._dispatcher.depth(exclusive=True),
-            busy_fraction=sum(s.busy_fraction for s in lanes) / max(len(lanes), 1),
-            exclusive_busy_fraction=sum(s.exclusive_busy_fraction for s in lanes) / max(len(lanes), 1),
-            lock_wait_fraction=sum(s.lock_wait_fraction for s in lanes) / max(len(lanes), 1),
+            busy_fraction=mean("busy_fraction"),
+            exclusive_busy_fraction=mean("exclusive_busy_fraction"),
+            lock_wait_fraction=mean("lock_wait_fraction"),
             jobs_done=jobs_done,
             jobs_per_s=jobs_done / uptime_s,
             restarts=sum(s.restarts for s in lanes),
