@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 from collections import OrderedDict
@@ -56,6 +57,8 @@ from rewards.timing.profile import (
 from rewards.verdict import Rules, Verdict, VerdictStatus, hack_verdict
 from rewards.verify.verifier import VerifyConfig, to_verify_result, verify_workspace
 
+log = logging.getLogger(__name__)
+
 SKILL_PATH = TEMPLATE_DIR.parent / "SKILL.md"
 
 
@@ -82,6 +85,10 @@ class EnvConfig(Struct, frozen=True, kw_only=True):
     rules: Rules = "paper"
     """The rule set of the static checks and the verifier (rewards.verdict.Rules): "paper" (the
     training rule) or "kernelbench" (torch may do part of the work); named in every verdict."""
+    warm_compile: bool = False
+    """Build the compile pool's precompiled header and fixed binding in the background as the env
+    opens (`CompilePool.warm`), while a training run starts its model: the first builds of a
+    fresh machine then do not wait ~50 s of one core for them."""
     compile_cache_tasks: int = 64
     """Tasks whose reference's Inductor artifacts (a few MB each) the env keeps for paired
     profile jobs; the least recently used are dropped."""
@@ -263,12 +270,25 @@ def _fields(struct: Struct) -> dict:
 async def open_kernel_env(config: EnvConfig = EnvConfig()) -> AsyncIterator[RewardsKernelEnv]:
     """The compile pool and, where GPUs exist, the GPU queue, for the lifetime of the block."""
     pool = await anyio.to_thread.run_sync(CompilePool, config.compile)
-    gpus = await detect_gpus(config)
-    if not gpus:
-        yield RewardsKernelEnv(pool, None, config)
-        return
-    async with GpuQueue(queue_config(config, gpus)) as queue:
-        yield RewardsKernelEnv(pool, queue, config)
+    async with anyio.create_task_group() as tg:
+        if config.warm_compile:
+            tg.start_soon(_warm, pool)
+        gpus = await detect_gpus(config)
+        if not gpus:
+            yield RewardsKernelEnv(pool, None, config)
+        else:
+            async with GpuQueue(queue_config(config, gpus)) as queue:
+                yield RewardsKernelEnv(pool, queue, config)
+        tg.cancel_scope.cancel()  # a warm-up still running is not waited for
+
+
+async def _warm(pool: CompilePool) -> None:
+    """The pool's warm-up, whose failure is only logged: the build that needs the header reports
+    the same error to whoever asked for it."""
+    try:
+        await pool.warm()
+    except Exception as exc:  # noqa: BLE001 - a machine fault here belongs to the first build
+        log.warning("compile warm-up failed (the first build will say why): %s", str(exc)[:300])
 
 
 __all__ = ["EnvConfig", "NoGpuError", "Prepared", "RewardsKernelEnv", "open_kernel_env", "pristine_files",

@@ -138,6 +138,11 @@ class FinalEvaluator:
             return score(prepared.verdict, None, None, None, self.config.reward)
         verdict = await self.env.final_verdict(snapshot, task, prepared.build, inline=prepared.inline)
         verdict = with_notes(verdict, prepared.notes)
+        scored = await self._verified(snapshot, task, prepared, verdict)
+        return msgspec.structs.replace(scored, breakdown=scored.breakdown | verify_times(verdict))
+
+    async def _verified(self, snapshot: Path, task: Task, prepared: Prepared, verdict: Verdict) -> Score:
+        """The Score of a snapshot its verify job judged: failed, untimed, or timed by a profile job."""
         if not verdict.ok:
             return score(verdict, None, None, None, self.config.reward)
         if not self.config.timed:
@@ -168,4 +173,11 @@ def job_times(timed: Profile) -> dict[str, float]:
     return times | {f"profile_ms.{name}": round(ms, 1) for name, ms in timed.phases_ms.items()}
 
 
-__all__ = ["EvaluateConfig", "FinalEvaluator", "job_times", "snapshot_solution", "solution_files"]
+def verify_times(verdict: Verdict) -> dict[str, float]:
+    """Where a final evaluation's verify job spent its time, for the trajectory's record: its wait
+    in the GPU queue, how long it held its lane, and its phases in ms (`rewards.verify.phases`)."""
+    times = {"verify_wait_s": round(verdict.job_wait_s, 3), "verify_held_s": round(verdict.job_wall_s, 3)}
+    return times | {f"verify_ms.{name}": round(ms, 1) for name, ms in verdict.phases_ms.items()}
+
+
+__all__ = ["EvaluateConfig", "FinalEvaluator", "job_times", "snapshot_solution", "solution_files", "verify_times"]

@@ -112,6 +112,11 @@ class Verdict(Struct, frozen=True, kw_only=True):
     """Where the verify job's time went (rewards.verify.phases); empty for static verdicts."""
     rules: Rules = "paper"
     """The rule set the candidate was judged under."""
+    job_wait_s: float = 0.0
+    """Seconds the verify job waited in the GPU queue for a lane and its GPU (stamped by
+    `rewards.verify.verifier.verify_workspace`); 0 for static verdicts."""
+    job_wall_s: float = 0.0
+    """Seconds the verify job held its lane; 0 for static verdicts."""
 
     def __post_init__(self) -> None:
         if (self.status is VerdictStatus.HACK) != (self.hack is not None):

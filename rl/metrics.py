@@ -10,7 +10,8 @@ returns those; the trainer adds them under `train/`), nor plotting (`rl/plot.py`
 Key names are `group/name`. Groups the plots know (`rl/plot.py`): `rollout/` (step_metrics),
 `train/` (ppo_step's metrics: policy_loss, entropy, clipfrac, ratio_mean, ratio_max,
 logprob_gap, explained_variance, ...), `time/` (rollout_s, train_s, weight_sync_s),
-`gpu_queue/` (busy_fraction, ...), `perf/` (tokens_per_s, mfu).
+`gpu_queue/` (busy_fraction, ..., per job kind `gpu_queue/verify/run_s`), `compile_pool/` (builds,
+build_s_mean, process_s_mean, slot_wait_s_mean, ...), `loop_lag/` (max_ms, mean_ms), `perf/` (tokens_per_s, mfu).
 
 Example:
     writer = MetricsWriter(run_dir, start_step=resumed_step)

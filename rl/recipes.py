@@ -55,13 +55,15 @@ def smoke() -> TrainConfig:
         run_dir="runs/smoke",
         stage="smoke",
         model=ModelConfig(path="smollm2-135m", gradient_checkpointing=False, attn_implementation="sdpa"),
-        ppo=PPOConfig(token_budget=16384),
-        # A pretrained model: PPO at a fine-tuning rate. rft sees every training teacher (66: each
-        # trained op at three shapes) at a higher rate falling linearly: greedy held-out write turns
-        # after it were right for 10 of 17 (9 of 9 new shapes and compositions, 1 of 8 unseen ops;
-        # `bench.system.rft_probe`, H200). Sixteen teachers at 2e-5 taught the template, not the
-        # op -> expression mapping: 0 of 17.
-        optim=OptimConfig(actor_lr=2e-6, critic_lr=1e-5, sft_lr=1e-4, sft_lr_schedule="linear"),
+        # Two PPO batches must move the policy enough to show in greedy decoding: one update per
+        # batch at actor lr 2e-6 left 17 of 17 held-out answers unchanged in two of three seeds
+        # (H200). Four clipped updates per batch at 1e-5 reuse each batch's rollouts, the slow part.
+        ppo=PPOConfig(token_budget=16384, updates_per_batch=4),
+        # rft sees every training teacher (66: each trained op at three shapes) at a higher rate
+        # falling linearly: greedy held-out write turns after it were right for 10 of 17 (9 of 9 new
+        # shapes and compositions, 1 of 8 unseen ops; `bench.system.rft_probe`, H200). Sixteen
+        # teachers at 2e-5 taught the template, not the op -> expression mapping: 0 of 17.
+        optim=OptimConfig(actor_lr=1e-5, critic_lr=1e-5, sft_lr=1e-4, sft_lr_schedule="linear"),
         steps=StepsConfig(rft=60, value=3, ppo=2),
         # Shapes of ~0.1 ms eager time: each verifies and times in about a second. The rft
         # collection is the teachers alone (one trajectory each; H200: ~20 s to build each, 8
@@ -78,7 +80,8 @@ def smoke() -> TrainConfig:
         # Four verification lanes share the GPU (each job ~1 s of mostly host work); a timing job
         # still has the GPU alone. One lane left 15 of 16 teachers waiting for verification.
         orchestrator=OrchestratorConfig(workers=32, model_slots=32, compile_slots=8, gpu_slots=4),
-        kernel_env=msgspec.structs.replace(EnvConfig(), lanes_per_gpu=4),
+        # The precompiled header and the fixed binding build while the model starts.
+        kernel_env=msgspec.structs.replace(EnvConfig(), lanes_per_gpu=4, warm_compile=True),
         # Static decode (fixed shapes replayed as CUDA graphs): a PPO write turn of ~1,150 tokens
         # at 16 sequences took 11 s with it (H200, three seeds' engines sharing the GPU), 24 s for
         # ~1,000 at 17 without it (alone). A static path that fails turns itself off.

@@ -10,6 +10,7 @@ trajectory file. A `Run` is frozen: what changes from step to step lives in the 
       |- kernel env: compile pool (subprocesses) + GPU queue (worker process per GPU)
       |- learner ranks (torchrun process group): FSDP2 actor/critic + embedded engine + HTTP
       |- orchestrator per rollout batch -> engines (HTTP) / tools (sandbox) / scorer
+      |    beside it: the progress line and the event-loop lag monitor (`agentcore.loop_lag`)
       `- metrics: JSON lines + TensorBoard (opened by the loop, which knows the step it starts at)
 What it is not: the training loop (`rl/train.py`) or the parts of its steps (`rl/stages.py`).
 
@@ -34,6 +35,7 @@ import msgspec
 from agentcore.chat import ChatRenderer
 from agentcore.engine import Engine
 from agentcore.kernel_env import FakeKernelEnv, KernelEnv
+from agentcore.loop_lag import LagStatistics, LoopLag
 from agentcore.orchestrator import Orchestrator, Resources, WorkItem, collect
 from agentcore.rollout import RolloutConfig, RolloutRunner, first_messages
 from agentcore.sandbox import Sandbox
@@ -67,7 +69,11 @@ class Run:
     env: KernelEnv
     scorer: Any
     env_statistics: Callable[[], dict]
-    """The kernel environment's queue figures, for the step's metrics and progress lines."""
+    """The kernel environment's GPU queue and compile pool figures, for the step's metrics and
+    progress lines."""
+    loop_lag: LoopLag
+    """How late the event loop wakes while a batch runs: the progress line's window ("progress")
+    and the step's metrics' ("step")."""
     resources: Resources
     """The orchestrator's limiters, shared by every rollout batch of the run."""
     workspaces: Path
@@ -106,6 +112,7 @@ class Run:
             orch = Orchestrator(runner=runner, tools=tools, config=self.cfg.orchestrator,
                                 resources=self.resources, store=store, scorer=scorer or self.scorer)
             async with anyio.create_task_group() as tg:
+                tg.start_soon(self.loop_lag.run)
                 tg.start_soon(self._report_progress, tag, orch, len(items))
                 groups = await collect(orch, items)
                 tg.cancel_scope.cancel()
@@ -125,26 +132,60 @@ class Run:
 
     async def _report_progress(self, tag: str, orch: Orchestrator, groups: int) -> None:
         """A log line every `progress_every_s` while a batch runs: a stalled collection shows
-        where it waits (engine, compile pool, GPU queue) instead of nothing."""
+        where it waits (engine, compile pool, GPU queue, a late event loop) instead of nothing."""
         every = self.cfg.orchestrator.progress_every_s
         while every > 0:
             await anyio.sleep(every)
-            s = orch.statistics()
+            s, env = orch.statistics(), self.env_statistics()
             limits = " ".join(f"{k}={v.borrowed}/{v.total}+{v.waiting}w" for k, v in s.limiters.items())
-            log.info("%s: %d of %d groups, %d trajectories done %s, %d in flight, %d turns, %d tokens; %s%s (%.0f s)",
+            log.info("%s: %d of %d groups, %d trajectories done %s, %d in flight, %d turns, %d tokens; "
+                     "%s%s%s%s (%.0f s)",
                      tag, s.groups_emitted, groups, s.finished, dict(s.by_status), s.in_flight, s.turns,
-                     s.generated_tokens, limits, queue_progress(self.env_statistics()), s.elapsed_s)
+                     s.generated_tokens, limits, queue_progress(env), pool_progress(env),
+                     lag_progress(self.loop_lag.take("progress")), s.elapsed_s)
 
 
 def queue_progress(queue: dict[str, float]) -> str:
     """The GPU queue's part of a progress line ('' without a queue): depth, jobs, how busy its lanes
-    are and how much of that with the GPU alone, and their wait for other queues' jobs."""
+    are and how much of that with the GPU alone, their wait for other queues' jobs, and per job
+    kind the jobs and their mean run time, wait for a lane and wait for the machine-wide lock."""
     busy = queue.get("gpu_queue/busy_fraction")
     if busy is None:
         return ""
+    kinds = [key.split("/")[1] for key in queue if key.startswith("gpu_queue/") and key.endswith("/jobs")]
+    per_kind = "".join(f", {_kind_progress(queue, kind)}" for kind in kinds)
     return (f"; gpu queue depth {queue.get('gpu_queue/depth', 0):.0f}, {queue.get('gpu_queue/jobs_done', 0):.0f} "
             f"jobs, busy {busy:.0%} (alone {queue.get('gpu_queue/exclusive_busy_fraction', 0):.0%}), waiting for "
-            f"other queues {queue.get('gpu_queue/lock_wait_fraction', 0):.0%}")
+            f"other queues {queue.get('gpu_queue/lock_wait_fraction', 0):.0%}{per_kind}")
+
+
+def _kind_progress(queue: dict[str, float], kind: str) -> str:
+    """"verify 57 x 1.2 s (wait 0.4 s, lock 0.3 s)": jobs, mean run time, lane wait, lock wait."""
+    def figure(name: str) -> float:
+        return queue[f"gpu_queue/{kind}/{name}"]
+
+    return (f"{kind} {figure('jobs'):.0f} x {figure('run_s'):.1f} s "
+            f"(wait {figure('wait_s'):.1f} s, lock {figure('lock_s'):.1f} s)")
+
+
+def pool_progress(env: dict[str, float]) -> str:
+    """The compile pool's part of a progress line ('' without one): builds and their mean time,
+    against the mean time a compiler process ran and waited for a compiler slot."""
+    builds = env.get("compile_pool/builds")
+    if builds is None:
+        return ""
+    return (f"; builds {builds:.0f} x {env['compile_pool/build_s_mean']:.1f} s (compiler "
+            f"{env['compile_pool/process_s_mean']:.1f} s, slot wait {env['compile_pool/slot_wait_s_mean']:.1f} s)")
+
+
+def lag_progress(lag: LagStatistics) -> str:
+    """The event loop's part of a progress line: how late it woke since the last line."""
+    return f"; loop lag max {lag.max_ms:.0f} ms (mean {lag.mean_ms:.1f} ms)"
+
+
+def lag_metrics(lag: LagStatistics) -> dict[str, float]:
+    """The event loop's lag as a step's metrics (`loop_lag/`)."""
+    return {"loop_lag/max_ms": lag.max_ms, "loop_lag/mean_ms": lag.mean_ms, "loop_lag/samples": float(lag.samples)}
 
 
 def resolve_tokenizer(cfg: TrainConfig, run_dir: Path) -> str:
@@ -175,8 +216,8 @@ async def open_run(cfg: TrainConfig) -> AsyncIterator[Run]:
         learner = await stack.enter_async_context(LearnerGroup(cfg, run_dir))
         engine, clients = await _engine(cfg, learner, stack)
         yield Run(cfg=cfg, run_dir=run_dir, renderer=renderer, learner=learner, engine=engine, clients=clients,
-                  env=env, scorer=scorer, env_statistics=stats, resources=Resources(cfg.orchestrator),
-                  workspaces=_workspaces(stack))
+                  env=env, scorer=scorer, env_statistics=stats, loop_lag=LoopLag(readers=("progress", "step")),
+                  resources=Resources(cfg.orchestrator), workspaces=_workspaces(stack))
 
 
 def _workspaces(stack: AsyncExitStack) -> Path:
@@ -252,15 +293,36 @@ async def _kernel_env(cfg: TrainConfig, stack: AsyncExitStack):
     if not env_cfg.gpus and cfg.layout.verify_gpus:
         env_cfg = msgspec.structs.replace(env_cfg, gpus=cfg.layout.verify_gpus)
     env = await stack.enter_async_context(open_kernel_env(env_cfg))
-    return env, FinalEvaluator(env), lambda: _queue_stats(env)
+    return env, FinalEvaluator(env), lambda: env_metrics(env)
+
+
+def env_metrics(env) -> dict[str, float]:
+    """A kernel environment's figures as metrics: its GPU queue's and its compile pool's (each
+    absent when the environment has none)."""
+    return _queue_stats(env) | _pool_stats(env)
 
 
 def _queue_stats(env) -> dict[str, float]:
+    """`gpu_queue/<field>`, and per job kind `gpu_queue/<kind>/{jobs,wait_s,lock_s,run_s}`."""
     queue = getattr(env, "queue", None)
     if queue is None:
         return {}
     s = queue.statistics()
-    return {f"gpu_queue/{k}": float(v) for k, v in msgspec.to_builtins(s).items() if isinstance(v, (int, float))}
+    stats = {f"gpu_queue/{k}": float(v) for k, v in msgspec.to_builtins(s).items() if isinstance(v, (int, float))}
+    for kind, times in s.kinds.items():
+        stats |= {f"gpu_queue/{kind}/{k}": float(v) for k, v in msgspec.to_builtins(times).items()}
+    return stats
+
+
+def _pool_stats(env) -> dict[str, float]:
+    """`compile_pool/<field>`, and the mean build, compiler-process and slot-wait seconds."""
+    pool = getattr(env, "pool", None)
+    if pool is None:
+        return {}
+    s = pool.statistics()
+    stats = {f"compile_pool/{k}": float(v) for k, v in msgspec.to_builtins(s).items()}
+    means = {"build_s_mean": s.build_s_mean, "process_s_mean": s.process_s_mean, "slot_wait_s_mean": s.slot_wait_s_mean}
+    return stats | {f"compile_pool/{k}": v for k, v in means.items()}
 
 
 async def _engine(cfg: TrainConfig, learner: LearnerGroup, stack: AsyncExitStack) -> tuple[Engine, list[SGLangClient]]:
@@ -272,4 +334,5 @@ async def _engine(cfg: TrainConfig, learner: LearnerGroup, stack: AsyncExitStack
     return (clients[0] if len(clients) == 1 else Router(clients)), clients
 
 
-__all__ = ["Run", "open_run", "queue_progress", "resolve_tokenizer"]
+__all__ = ["Run", "env_metrics", "lag_metrics", "lag_progress", "open_run", "pool_progress", "queue_progress",
+           "resolve_tokenizer"]

@@ -51,7 +51,7 @@ from rl.demonstrations import DemoTask, demo_engine, demo_tasks
 from rl.learner.protocol import Metrics, SyncReply
 from rl.learner_client import LearnerError
 from rl.metrics import step_metrics
-from rl.run import Run
+from rl.run import Run, lag_metrics
 from rl.samples import Sample, sample_from_trajectory
 from rl.selection import select_for_rft
 from rl.single_turn import SingleTurnParser, single_turn_messages
@@ -364,7 +364,7 @@ def step_row(run: Run, stage: Stage, step: int, *, trajs: list[Trajectory] | Non
         figures = step_metrics(trajs, max_response_tokens=run.cfg.rollout.max_context_tokens, current_version=version)
         row |= {f"rollout/{k}": v for k, v in figures.items()} | {"samples": len(samples)}
         row |= {"time/train_s": 0.0, "time/weight_sync_s": 0.0}  # stay 0 when no sample was usable
-        row |= run.env_statistics()
+        row |= run.env_statistics() | lag_metrics(run.loop_lag.take("step"))
     if stage.name == "rft" and collection is not None:
         row["rft/kept"] = len(collection.samples)
     row |= {f"train/{k}": v for k, v in trained.items()}

@@ -262,6 +262,50 @@ async def test_concurrent_builds_share_the_cache_without_corrupting_it(config, t
     assert "relu_forward" in loaded.stdout
 
 
+async def test_statistics_tell_a_slow_compiler_from_waiting_for_one(config, toolchain, tmp_path):
+    """Fake compilers that take 0.2 s each, one slot, two builds at once: the pool's figures split a
+    build's time into compiler processes, their wait for a slot, the precompiled header and links."""
+    fake = tmp_path / "slow-compiler"
+    fake.write_text('#!/bin/sh\nsleep 0.2\nwhile [ $# -gt 0 ]; do [ "$1" = "-o" ] && echo fake > "$2"; shift; done\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    slow = msgspec.structs.replace(toolchain, nvcc=str(fake), cxx=str(fake))
+    pool = CompilePool(msgspec.structs.replace(config, cache_dir=str(tmp_path / "cache"), max_parallel=1), slow)
+    spaces = [make_workspace(tmp_path / f"ws{i}") for i in range(2)]
+    edit(spaces[1] / "kernels" / "relu.cu", "const int threads = 256;", "const int threads = 128;")
+    builds = []
+
+    async def build(ws):
+        builds.append(await pool.build(ws))
+
+    async with anyio.create_task_group() as tg:
+        for ws in spaces:
+            tg.start_soon(build, ws)
+    s = pool.statistics()
+    assert all(b.result.ok for b in builds), [b.result.log for b in builds]
+    assert s.builds == 2 and s.processes == s.units_built + s.links + s.pch_builds == 7, s
+    assert s.process_s_mean >= 0.2 and s.slot_wait_seconds_total >= 0.2, s  # one slot: someone waited
+    assert s.pch_wait_seconds_total >= 0.2 and s.link_seconds_total >= 2 * 0.2 and s.plan_seconds_total > 0, s
+    assert s.build_s_mean >= s.process_s_mean, s
+
+
+async def test_warm_builds_the_header_and_the_fixed_binding_that_a_first_build_then_finds(config, toolchain, tmp_path):
+    """Fake compilers (0.2 s each): warm() runs the precompiled header and binding.cpp's compile; a
+    build afterwards compiles only its own two units and finds both in the cache."""
+    fake = tmp_path / "slow-compiler"
+    fake.write_text('#!/bin/sh\nsleep 0.2\nwhile [ $# -gt 0 ]; do [ "$1" = "-o" ] && echo fake > "$2"; shift; done\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    slow = msgspec.structs.replace(toolchain, nvcc=str(fake), cxx=str(fake))
+    pool = CompilePool(msgspec.structs.replace(config, cache_dir=str(tmp_path / "cache")), slow)
+    await pool.warm()
+    warmed = pool.statistics()
+    assert (warmed.pch_builds, warmed.units_built, warmed.links) == (1, 1, 0), warmed
+    build = await pool.build(make_workspace(tmp_path / "ws"))
+    after = pool.statistics()
+    assert build.result.ok, build.result.log
+    assert (build.result.cached_units, build.result.built_units) == (1, 2), build.result
+    assert after.pch_builds == 1 and after.pch_wait_seconds_total < 0.2, after  # the header was there
+
+
 # -- loading --------------------------------------------------------------------------------------
 
 

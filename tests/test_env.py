@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
 
 from agentcore.kernel_env import KernelEnv
@@ -24,6 +25,7 @@ from rewards.build.toolchain import (
     TORCH_CUDA_FIX,
     MachineError,
     Toolchain,
+    ToolchainError,
     check_gpu_machine,
     machine_fault,
 )
@@ -31,6 +33,7 @@ from rewards.env import (
     EnvConfig,
     NoGpuError,
     RewardsKernelEnv,
+    open_kernel_env,
     pristine_files,
     queue_config,
 )
@@ -100,6 +103,49 @@ async def test_a_tasks_reference_compile_is_one_job_however_many_trajectories_en
         await env._compile_reference(task, task_sha256(task.source))
         stats = queue.statistics()
     assert stats.jobs_done == 1 and sum(lane.exclusive_jobs for lane in stats.lanes) == 0
+
+
+@needs_compiler
+@pytest.mark.parametrize("asked", [True, False])
+async def test_the_env_warms_its_compile_pool_only_when_asked_and_never_waits_for_it(asked, monkeypatch, tmp_path):
+    """The pool's warm-up (faked: its compilers are CompilePool.warm's own test) starts as the env
+    opens with `warm_compile`, does not hold up the block or its exit, and a failing one is logged."""
+    started, cancelled = anyio.Event(), []
+
+    async def warm(self):
+        started.set()
+        try:
+            await anyio.sleep(60)
+        except anyio.get_cancelled_exc_class():
+            cancelled.append(True)
+            raise
+
+    monkeypatch.setattr(CompilePool, "warm", warm)
+    config = EnvConfig(gpus=(), warm_compile=asked, compile=CompileConfig(cache_dir=str(tmp_path)))
+    monkeypatch.setattr("rewards.env.detect_gpus", _no_gpus)
+    with anyio.fail_after(30):
+        async with open_kernel_env(config) as env:
+            assert env.queue is None
+            await anyio.sleep(0.1)
+            assert started.is_set() is asked
+    assert cancelled == ([True] if asked else [])
+
+
+async def _no_gpus(config) -> tuple[int, ...]:
+    return ()
+
+
+@needs_compiler
+async def test_a_failed_warm_up_is_logged_not_raised(monkeypatch, tmp_path, caplog):
+    async def warm(self):
+        raise ToolchainError("precompiled header failed: no space left on device")
+
+    monkeypatch.setattr(CompilePool, "warm", warm)
+    monkeypatch.setattr("rewards.env.detect_gpus", _no_gpus)
+    config = EnvConfig(gpus=(), warm_compile=True, compile=CompileConfig(cache_dir=str(tmp_path)))
+    async with open_kernel_env(config):
+        await anyio.sleep(0.1)
+    assert "compile warm-up failed (the first build will say why): precompiled header failed" in caplog.text
 
 
 async def test_compile_builds_the_relu_fixture(env, tmp_path):

@@ -496,6 +496,41 @@ async def test_statistics_count_jobs_and_failures(config):
     assert 0.0 < stats.busy_fraction < 1.0 and stats.depth == 0
 
 
+async def test_statistics_time_each_job_kind_apart(config):
+    """Per kind: jobs finished, their mean run time, and their mean wait for a lane (on one lane the
+    second of two 0.3 s sleeps waits for the first)."""
+    async with GpuQueue(one_lane(config)) as queue:
+        async with anyio.create_task_group() as tg:
+            runs = Runs(queue, tg)
+            runs.start("first", "sleep", 0.3)
+            runs.start("second", "sleep", 0.3)
+        await queue.submit(job("ping"))
+        kinds = queue.statistics().kinds
+    assert all(r.status is JobStatus.OK for r in runs.results.values())
+    assert set(kinds) == {"sleep", "ping"} and (kinds["sleep"].jobs, kinds["ping"].jobs) == (2, 1), kinds
+    assert kinds["sleep"].run_s >= 0.3 and kinds["sleep"].wait_s >= 0.3 / 2, kinds  # one waited a whole sleep
+
+
+async def test_statistics_tell_a_kinds_wait_for_another_queues_job_from_its_run(config):
+    """A shared job behind another queue's timing job on its GPU holds its lane waiting for the
+    machine-wide lock: that wait is its `lock_s`, not its `run_s` or its wait for a lane."""
+    from msgspec.structs import replace
+
+    mine, other = (replace(one_lane(config), scratch_root=f"{config.scratch_root}-{k}") for k in "ab")
+    async with GpuQueue(other) as q_other, GpuQueue(mine) as q_mine, anyio.create_task_group() as tg:
+        theirs, ours = Runs(q_other, tg), Runs(q_mine, tg)
+        theirs.start("timed", "timed_sleep", 0.8)
+        assert await eventually(lambda: busy_lanes(q_other) == 1)
+        ours.start("shared", "sleep", 0.2)
+    mine_kinds, other_kinds = q_mine.statistics().kinds, q_other.statistics().kinds
+    shared, times = ours.results["shared"], mine_kinds["sleep"]
+    assert shared.status is JobStatus.OK and times.jobs == 1
+    assert times.lock_s >= 0.4 and times.run_s >= 0.2, mine_kinds
+    # The job's own record splits the same way: its wall is the run, its wait the lane and the lock.
+    assert times.run_s == pytest.approx(shared.wall_s) and times.wait_s + times.lock_s == pytest.approx(shared.wait_s)
+    assert other_kinds["timed_sleep"].jobs == 1 and other_kinds["timed_sleep"].run_s >= 0.8, other_kinds
+
+
 async def test_depth_counts_submitters_waiting_for_a_lane(config):
     async with GpuQueue(one_lane(config)) as queue, anyio.create_task_group() as tg:
         for _ in range(3):

@@ -593,6 +593,46 @@ def test_a_final_evaluation_records_where_its_profile_job_spent_its_time():
     assert info["breakdown.profile_ms.child.reference"] == 3296.8 and info["breakdown.profile_ms.compile_cache"] == 0.0
 
 
+class _JudgingEnv:
+    """The GPU edge faked: the final verification answers `verdict`, timing answers `timed`."""
+
+    def __init__(self, verdict: Verdict, timed: Profile | None = None) -> None:
+        self.verdict, self.timed = verdict, timed
+
+    async def final_verdict(self, snapshot, task, build, inline=None):
+        return self.verdict
+
+    async def time(self, *args, **kwargs):
+        return self.timed
+
+
+VERIFIED = msgspec.structs.replace(OK, job_wait_s=7.25, job_wall_s=1.75, phases_ms={"spawn": 410.0, "trials": 820.4})
+
+
+@pytest.mark.parametrize("case", ["untimed", "failed", "timed"])
+async def test_a_final_evaluation_records_where_its_verify_job_spent_its_time(tmp_path, case):
+    """Whatever became of a verified candidate (untimed, failed, timed), the trajectory's record says
+    how long the final evaluation's verify job waited in the GPU queue, held its lane, and on what."""
+    verdict = VERIFIED if case != "failed" else msgspec.structs.replace(
+        VERIFIED, status=VerdictStatus.WRONG_OUTPUT, message="off")
+    timing = paired_timing(speedup(1.3, 1.25, 1.35), speedup(1.2, 1.15, 1.25))
+    timed = Profile(ok=True, candidate=timing.fastest("candidate").timing, paired=timing, job_wall_s=4.9)
+    evaluator = FinalEvaluator(_JudgingEnv(verdict, timed), EvaluateConfig(timed=case == "timed"))
+    prepared = types.SimpleNamespace(verdict=None, build=None, inline=None, notes=())
+    info = reward_info(await evaluator.evaluate_prepared(tmp_path, types.SimpleNamespace(task_id="t"), prepared))
+    assert (info["breakdown.verify_wait_s"], info["breakdown.verify_held_s"]) == (7.25, 1.75), info
+    assert (info["breakdown.verify_ms.spawn"], info["breakdown.verify_ms.trials"]) == (410.0, 820.4), info
+    assert ("breakdown.profile_held_s" in info) == (case == "timed"), info
+    assert info["untimed"] == (case == "untimed") and (info["reward"] > 0) == (case != "failed"), info
+
+
+async def test_a_verdict_that_never_reached_the_gpu_records_no_verify_job(tmp_path):
+    hack = Verdict(status=VerdictStatus.HACK, hack=HackCategory.TORCH_COMPUTE, message="torch.matmul")
+    prepared = types.SimpleNamespace(verdict=hack, build=None, inline=None, notes=())
+    scored = await FinalEvaluator(_JudgingEnv(VERIFIED)).evaluate_prepared(tmp_path, None, prepared)
+    assert scored.reward == -1.0 and not any(k.startswith("verify_") for k in scored.breakdown), scored.breakdown
+
+
 def test_diverged_timed_calls_are_output_caching_and_minus_one():
     evaluator = FinalEvaluator(env=None)
     diverged = Profile(ok=False, message="the candidate's timed calls diverged: x", diverged="x")

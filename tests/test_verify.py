@@ -24,10 +24,11 @@ from torch import nn
 from agentcore.types import Task
 from rewards.queue.config import GpuQueueConfig
 from rewards.queue.gpu_queue import GpuQueue
-from rewards.queue.jobs import Job, encode
+from rewards.queue.jobs import Job, JobResult, JobStatus, encode
 from rewards.reward import score
 from rewards.static.checks import check_workspace
 from rewards.verdict import HackCategory as H
+from rewards.verdict import Verdict
 from rewards.verdict import VerdictStatus as S
 from rewards.verify.audit import (
     OpAudit,
@@ -48,6 +49,7 @@ from rewards.verify.verifier import (
     run_verification,
     to_verify_result,
     verdict_from_job,
+    verify_workspace,
 )
 from rewards.verify.wire import KernelEvent, Loaded, OutputInfo, Snapshot, TrialReport
 from rl.data.kernelbench import PROBLEMS
@@ -299,6 +301,35 @@ async def test_verify_job_runs_through_the_gpu_queue(tmp_path):
         verdict = await verify_workspace(queue, ws, task, None, device="cpu", seed=11)
     assert_hack(verdict, H.TORCH_COMPUTE)
     assert verdict.trials == 5
+    assert verdict.job_wait_s > 0 and verdict.job_wall_s > 0  # stamped from the queue's JobResult
+
+
+class _AnsweringQueue:
+    """The GPU queue's edge faked: every job gets `result`, stamped with the queue's times."""
+
+    def __init__(self, status: JobStatus, value: bytes = b"", error: str = "") -> None:
+        self.status, self.value, self.error, self.jobs = status, value, error, []
+
+    async def submit(self, job: Job) -> JobResult:
+        self.jobs.append(job)
+        return JobResult(job_id=job.job_id, status=self.status, value=self.value, error=self.error,
+                         run_s=1.1, wall_s=1.5, wait_s=3.25)
+
+
+async def test_a_verdict_carries_its_jobs_wait_and_hold_of_the_lane(tmp_path):
+    """What the handler measured (phases) and what the queue measured (wait, hold) reach the
+    verdict; a timed-out job's verdict has the queue's times too."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "model_new.py").write_text(candidate(f"return {LINEAR}"))
+    task = Task(task_id="linear_relu", source=TASK)
+    answered = Verdict(status=S.OK, trials=12, phases_ms={"spawn": 40.0, "trials": 610.5})
+    queue = _AnsweringQueue(JobStatus.OK, encode(answered))
+    verdict = await verify_workspace(queue, ws, task, None, "final", device="cpu", seed=3)
+    assert queue.jobs[0].kind == "verify"
+    assert (verdict.job_wait_s, verdict.job_wall_s, verdict.phases_ms) == (3.25, 1.5, answered.phases_ms)
+    timed_out = await verify_workspace(_AnsweringQueue(JobStatus.TIMEOUT, error="killed"), ws, task, None, device="cpu")
+    assert (timed_out.status, timed_out.job_wait_s, timed_out.job_wall_s) == (S.TIMEOUT, 3.25, 1.5)
 
 
 # --- inputs -----------------------------------------------------------------------------------

@@ -8,7 +8,9 @@
 #   warmup: timeout 300 python3 -m bench.system.compile_warmup --device cuda --profile
 # LANES instead of STEPS fills a machine of several GPUs: queues side by side, each on its own GPUs
 # (CUDA_VISIBLE_DEVICES), e.g. LANES="0=.dev/a.txt 1=.dev/b.txt 2,3=.dev/c.txt"; a lane's steps run one after
-# another, and the lanes' GPUs should not overlap.
+# another, and the lanes' GPUs should not overlap. GPUS@CPUS pins a lane to those cores (taskset), e.g.
+# LANES="0@0-15=a.txt 1@16-31=b.txt": two lanes of a 2-GPU, 32-core machine then have what a one-GPU machine
+# of 16 cores has, so each lane's time stands for a run alone there.
 # The first call starts the steps in their own process session (each with OUT set to its own folder, so a
 # script's $OUT files stay apart); every call (the same command) waits up to WAIT_S for every queue to end,
 # packs every step's log and OUT so far into $OUT/session.tgz (NN_NAME/log, NN_NAME/out/...), and prints
@@ -31,9 +33,12 @@ if [ ! -f $S/started ]; then
   mkdir -p $S/tree && tar -C . --exclude=./device-out -cf - . | tar -C $S/tree -xf -
   k=0
   for lane in $LANES; do
-    k=$((k + 1)); gpus=${lane%%=*}; q=$S/queue$k; [ "$gpus" = - ] && prefix="" || prefix="g${gpus//,/}_"
+    k=$((k + 1)); gpus=${lane%%=*}; cpus=""; q=$S/queue$k
+    case $gpus in *@*) cpus=${gpus#*@}; gpus=${gpus%%@*};; esac
+    [ "$gpus" = - ] && prefix="" || prefix="g${gpus//,/}_"
     mkdir -p $q; grep -v '^[[:space:]]*\(#\|$\)' "${lane#*=}" > $q/steps
-    setsid bash -c '
+    pin=""; [ -n "$cpus" ] && pin="taskset -c $cpus"
+    setsid $pin bash -c '
       S=$0 q=$1 gpus=$2 prefix=$3; n=0
       cd $S/tree && export PYTHONPATH=$S/tree PATH=$S/tree/.bwrap/usr/bin:$PATH
       export LD_LIBRARY_PATH=$S/tree/.bwrap/lib/x86_64-linux-gnu:$S/tree/.bwrap/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
@@ -45,7 +50,7 @@ if [ ! -f $S/started ]; then
         echo $? > "$S/$name/rc"; date +%s > "$S/$name/end"
       done < "$q/steps"
       touch "$q/done"' $S $q $gpus "$prefix" < /dev/null > /dev/null 2>&1 &
-    echo "session: queue $k (GPUs ${gpus/-/all}) started $(wc -l < $q/steps) steps"
+    echo "session: queue $k (GPUs ${gpus/-/all}${cpus:+, cores $cpus}) started $(wc -l < $q/steps) steps"
   done
   touch $S/started
 fi

@@ -19,7 +19,18 @@ fi
 # The run directory lives in $OUT/run, so a step of session.sh that the machine's time cuts short still brings
 # back its held-out rows and metrics (session.sh packs $OUT without checkpoints and weights).
 EXTRA=""; for kv in ${SETS:-}; do EXTRA="$EXTRA --set $kv"; done  # SETS: dotted overrides of the smoke recipe
-timeout ${SMOKE_S:-560} python3 -m agentcore.cli smoke --out $OUT/run $EXTRA > $OUT/smoke.log 2>&1; echo "smoke rc $? at $((SECONDS-T0)) s"
+timeout ${SMOKE_S:-560} python3 -m agentcore.cli smoke --out $OUT/run $EXTRA > $OUT/smoke.log 2>&1 &
+SMOKE_PID=$!
+# PYSPY="60 240": at each of those seconds into the run, 20 s of the smoke process's Python stacks (py-spy, carried
+# in .device; collapsed stacks, one line per distinct stack with its sample count) and the machine's busiest
+# processes (top), to say where a slow phase's time goes.
+for t in ${PYSPY:-}; do
+  ( sleep $t; pid=$(pgrep -f -n "agentcore.cli smoke --out $OUT/run") || exit 0
+    top -b -n 1 -w 200 | head -45 > $OUT/top_$t.txt
+    py-spy record --nonblocking --format raw --rate 20 --duration 20 --pid $pid -o $OUT/pyspy_$t.txt \
+      > $OUT/pyspy_$t.log 2>&1 ) &
+done
+wait $SMOKE_PID; echo "smoke rc $? at $((SECONDS-T0)) s"
 cp $OUT/run/metrics.jsonl $OUT/smoke_metrics.jsonl 2>/dev/null
 cp $OUT/run/summary.json $OUT/run/heldout.jsonl $OUT/ 2>/dev/null
 tar czf $OUT/rollouts.tgz -C $OUT/run rollouts families_split.json 2>/dev/null

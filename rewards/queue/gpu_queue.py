@@ -28,8 +28,8 @@ Topology, one task group owned by `async with GpuQueue(config)`:
 
 Parts: `rewards.queue.config` (the settings, the sandbox among them), `rewards.queue.lanes`
 (worker process, lane, dispatcher), `rewards.queue.gpu_lock` (the machine-wide lock of a GPU),
-`rewards.queue.worker_command` (the worker's command line, sandbox and environment); this module is
-the queue.
+`rewards.queue.worker_command` (the worker's command line, sandbox and environment),
+`rewards.queue.kind_times` (each job kind's wait, lock wait and run time); this module is the queue.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ from rewards.queue.jobs import (
     ready_decoder,
     result_decoder,
 )
+from rewards.queue.kind_times import KindTimes
 from rewards.queue.lanes import BROKEN, Dispatcher, Lane, QueueClosed, WorkerProcess
 from rewards.queue.worker_command import count_gpus, device_name, worker_argv, worker_env
 
@@ -92,6 +93,7 @@ class GpuQueue:
             raise ValueError(f"lanes_per_gpu must be at least 1, not {config.lanes_per_gpu}")
         self.config = config
         self._dispatcher = Dispatcher()
+        self._kind_times = KindTimes()
         self._lanes: list[Lane] = []
         self._closed = False
         self._started = time.monotonic()
@@ -148,9 +150,9 @@ class GpuQueue:
         exclusive = job.kind not in self.config.shared_kinds
         queued = time.monotonic()
         lane = await self._dispatcher.acquire(wanted, exclusive=exclusive)
+        laned = time.monotonic()
         async with AsyncExitStack() as machine:  # the GPU against other queues of the machine
             if self._locks is not None:
-                laned = time.monotonic()
                 try:
                     await machine.enter_async_context(self._locks.hold(device_name(lane.gpu), exclusive=exclusive))
                 except BaseException:  # cancelled while another queue's job held the GPU
@@ -171,6 +173,7 @@ class GpuQueue:
                 else:  # also when cancelled mid-job: the worker may still be running it
                     worker.retire()  # the lane's task vacates the lane once the worker is reaped
         wall_s = time.monotonic() - held
+        self._kind_times.record(job.kind, wait_s=laned - queued, lock_s=held - laned, run_s=wall_s)
         return msgspec.structs.replace(
             result, worker_pid=worker.pid, gpu=lane.gpu, wall_s=wall_s, wait_s=held - queued
         )
@@ -198,6 +201,7 @@ class GpuQueue:
             crashes=sum(s.crashes for s in lanes),
             poisoned=sum(s.poisoned for s in lanes),
             uptime_s=uptime_s,
+            kinds=self._kind_times.statistics(),
         )
 
     # -- running a job --------------------------------------------------------------------------

@@ -118,6 +118,16 @@ class LaneStatistics(Struct, frozen=True, kw_only=True):
     poisoned: int
 
 
+class KindStatistics(Struct, frozen=True, kw_only=True):
+    """The finished jobs of one `Job.kind` since the queue started, with their mean times: where a
+    slow kind's time goes (waiting for a lane, for other queues' jobs on the GPU, or running)."""
+
+    jobs: int
+    wait_s: float  # mean seconds from submit until a lane was free
+    lock_s: float  # mean seconds holding the lane while waiting for the GPU's machine-wide lock
+    run_s: float  # mean seconds running: the lane held, less the lock wait (`JobResult.wall_s`)
+
+
 class QueueStatistics(Struct, frozen=True, kw_only=True):
     """The whole queue: sums over lanes, `depth` counts every waiting submitter."""
 
@@ -134,6 +144,8 @@ class QueueStatistics(Struct, frozen=True, kw_only=True):
     crashes: int
     poisoned: int
     uptime_s: float
+    kinds: dict[str, KindStatistics] = {}
+    """Per `Job.kind`, the jobs finished and their mean wait, lock wait and run time."""
 
 
 # ---------------------------------------------------------------------------------------------
