@@ -15,6 +15,7 @@ import pytest
 from bench.system.policy_learning import (
     CPU_FAMILIES,
     SeedResult,
+    changed_tasks,
     control_rows,
     main_policy,
     markdown,
@@ -68,6 +69,18 @@ def test_the_report_names_both_targets_met_or_not():
     text = markdown(results, "smollm2-135m", verdicts(results))
     assert "| 0 |" in text and "| 1 |" in text
     assert text.count("NOT met") == 2
+
+
+def test_the_report_counts_the_tasks_ppo_moved_either_way():
+    def row(by_task: dict[str, list[float | None]]) -> Row:
+        return Row(label="after_ppo", weight_version=0, tasks=3, trajectories=3, pass_rate=0.0, reward_mean=0.0,
+                   faster_than_eager_rate=0.0, scored=3.0, parse_error_rate=0.0, turns_mean=4.0, by_task=by_task)
+
+    ppo = row({"a": [1.0], "b": [-1.0], "c": [2.0], "d": [None]})
+    control = row({"a": [-1.0], "b": [1.0], "c": [2.0], "d": [-1.0]})
+    assert changed_tasks(ppo, control) == (1, 1, 4)  # a up, b down; c the same; unscored d is a failure
+    result = SeedResult(seed=0, wall_s=1.0, ppo={"after_ppo": ppo}, control={"after_ppo": control})
+    assert "| 1 / 1 of 4 |" in markdown([result], "smollm2-135m", verdicts([result]))
 
 
 def test_the_control_evaluates_the_runs_post_value_actor_again_without_steps_that_cannot_move_it(tmp_path):

@@ -266,6 +266,18 @@ def verdicts(results: list[SeedResult]) -> dict[str, Any]:
     }
 
 
+def changed_tasks(ppo: Row, control: Row) -> tuple[int, int, int]:
+    """How many held-out tasks PPO's greedy answer scores differently from the control's: (higher,
+    lower, tasks in both). Zero changes mean PPO did not move greedy decoding at all, whatever
+    the rows' means say; an unscored answer counts as failed (-1)."""
+    def score(rewards: list[float | None]) -> float:
+        return sum(-1.0 if r is None else r for r in rewards) / max(len(rewards), 1)
+
+    both = ppo.by_task.keys() & control.by_task.keys()
+    deltas = [score(ppo.by_task[t]) - score(control.by_task[t]) for t in both]
+    return sum(d > 0 for d in deltas), sum(d < 0 for d in deltas), len(both)
+
+
 def _reward(row: Row) -> float:
     """Held-out mean reward of a row; an evaluation with nothing scored counts as all failed (-1)."""
     return -1.0 if row.reward_mean is None else row.reward_mean
@@ -275,14 +287,18 @@ def markdown(results: list[SeedResult], policy: str, v: dict[str, Any]) -> str:
     lines = [f"# Held-out learning: {policy}", "",
              ("Held-out mean reward / pass rate per seed (rewards: -1 failed, 1 correct, 2 faster than eager, "
               "3 also than torch.compile)."), "",
-             "| seed | before rft | after rft | after PPO | control (actor lr 0) | PPO - control | wall s |",
-             "|---|---|---|---|---|---|---|"]
+             ("| seed | before rft | after rft | after PPO | control (actor lr 0) | PPO - control "
+              "| tasks PPO scores higher / lower | wall s |"),
+             "|---|---|---|---|---|---|---|---|"]
     for r in results:
         cells = [_cell(r.ppo.get("before_rft")), _cell(r.ppo.get("after_rft")), _cell(r.ppo.get("after_ppo")),
                  _cell(r.control.get("after_ppo"))]
-        diff = (f"{_reward(r.ppo['after_ppo']) - _reward(r.control['after_ppo']):+.3f}"
-                if "after_ppo" in r.ppo and "after_ppo" in r.control else "-")
-        lines.append(f"| {r.seed} | " + " | ".join(cells) + f" | {diff} | {r.wall_s:.0f} |")
+        diff, moved = "-", "-"
+        if "after_ppo" in r.ppo and "after_ppo" in r.control:
+            diff = f"{_reward(r.ppo['after_ppo']) - _reward(r.control['after_ppo']):+.3f}"
+            higher, lower, both = changed_tasks(r.ppo["after_ppo"], r.control["after_ppo"])
+            moved = f"{higher} / {lower} of {both}"
+        lines.append(f"| {r.seed} | " + " | ".join(cells) + f" | {diff} | {moved} | {r.wall_s:.0f} |")
     if any(row.shared_from for r in results for row in (*r.ppo.values(), *r.control.values())):
         lines += ["", "\\* the same weights' greedy evaluation in another run, not repeated (`Row.shared_from`)."]
     rft = v["after_rft_pass_rate"]
