@@ -169,15 +169,18 @@ def job_times(timed: Profile) -> dict[str, float]:
     """Where a final evaluation's profile job spent its time, for the trajectory's record: its wait
     in the GPU queue, how long it held its lane (a timing job: the GPU alone, every other job of
     the machine waiting), and its phases in ms (`rewards.verify.phases`; "child." from the child)."""
-    times = {"profile_wait_s": round(timed.job_wait_s, 3), "profile_held_s": round(timed.job_wall_s, 3)}
-    return times | {f"profile_ms.{name}": round(ms, 1) for name, ms in timed.phases_ms.items()}
+    return _job_record("profile", timed.job_wait_s, timed.job_wall_s, timed.phases_ms)
 
 
 def verify_times(verdict: Verdict) -> dict[str, float]:
     """Where a final evaluation's verify job spent its time, for the trajectory's record: its wait
     in the GPU queue, how long it held its lane, and its phases in ms (`rewards.verify.phases`)."""
-    times = {"verify_wait_s": round(verdict.job_wait_s, 3), "verify_held_s": round(verdict.job_wall_s, 3)}
-    return times | {f"verify_ms.{name}": round(ms, 1) for name, ms in verdict.phases_ms.items()}
+    return _job_record("verify", verdict.job_wait_s, verdict.job_wall_s, verdict.phases_ms)
+
+
+def _job_record(kind: str, wait_s: float, held_s: float, phases_ms: dict[str, float]) -> dict[str, float]:
+    times = {f"{kind}_wait_s": round(wait_s, 3), f"{kind}_held_s": round(held_s, 3)}
+    return times | {f"{kind}_ms.{name}": round(ms, 1) for name, ms in phases_ms.items()}
 
 
 __all__ = ["EvaluateConfig", "FinalEvaluator", "job_times", "snapshot_solution", "solution_files", "verify_times"]
