@@ -20,7 +20,8 @@ import anyio
 import msgspec
 import pytest
 
-from rewards.build.compile_pool import CompileConfig, CompilePool, CompilePoolStatistics
+from rewards.build.compile_pool import CompileConfig, CompilePool
+from rewards.build.compile_stats import CompilePoolStatistics
 from rewards.build.compiler_log import trim_log
 from rewards.build.toolchain import (
     MachineError,

@@ -18,7 +18,7 @@ import torch
 
 from agentcore.loop_lag import LoopLag
 from agentcore.orchestrator import LimiterStats, OrchestratorStats
-from rewards.build.compile_pool import CompilePoolStatistics
+from rewards.build.compile_stats import CompilePoolStatistics
 from rewards.queue.jobs import KindStatistics, QueueStatistics
 from rl.config import apply_overrides
 from rl.recipes import smoke_cpu

@@ -11,7 +11,8 @@ What not: it does not load or run the module (`rewards.build.loader` does, on th
 kernel that fails to build is a `CompileResult(ok=False)` with the trimmed compiler log, never an
 exception; exceptions mean broken infrastructure (no compiler, unwritable cache), and a unit that
 fails on a header the machine lacks raises `MachineError` (`rewards.build.toolchain.machine_fault`).
-How used: one pool per compile machine, shared by every agent's compile calls.
+How used: one pool per compile machine, shared by every agent's compile calls; `statistics()`
+reports its counts and times (`rewards.build.compile_stats`).
 
 Why (measured on an H200 host): a full `torch.utils.cpp_extension.load` rebuild of the paper's
 layout takes ~13 s on 16 cores while nvcc of a cuda_runtime-only .cu takes ~1 s: the torch glue
@@ -40,6 +41,7 @@ from msgspec import Struct
 
 from agentcore.types import CompileResult
 from rewards.build import compiler_log, linker
+from rewards.build.compile_stats import CompileCounters, CompilePoolStatistics
 from rewards.build.plan import TEMPLATE_DIR, BuildPlan, Unit, plan_build
 from rewards.build.subprocesses import ProcessRun, file_lock, run_process
 from rewards.build.toolchain import (
@@ -121,50 +123,6 @@ class Build(Struct, frozen=True, kw_only=True):
     """Linker wall seconds; 0 when the module came from the cache."""
 
 
-class CompilePoolStatistics(Struct, frozen=True, kw_only=True):
-    builds: int = 0
-    builds_failed: int = 0
-    units_built: int = 0
-    units_failed: int = 0
-    cache_hits: int = 0
-    timeouts: int = 0
-    links: int = 0
-    link_cache_hits: int = 0
-    pch_builds: int = 0
-    in_flight: int = 0
-    """Compiler or linker processes running now."""
-    queue_length: int = 0
-    """Compiles waiting for a slot."""
-    compile_seconds_total: float = 0.0
-    """Summed wall time of compiler and linker processes."""
-    build_seconds_total: float = 0.0
-    """Summed wall time of `build` calls, from the call to the result."""
-    processes: int = 0
-    """Compiler, linker and precompiled-header processes run (the count behind compile_seconds_total)."""
-    slot_wait_seconds_total: float = 0.0
-    """Summed seconds those processes waited for a compiler slot (`max_parallel`) before starting."""
-    plan_seconds_total: float = 0.0
-    """Summed seconds of builds from the call until their units start: the layout check and the
-    source snapshot (worker threads, so the wait for a free one too); builds whose check failed excluded."""
-    pch_wait_seconds_total: float = 0.0
-    """Summed seconds builds waited for the precompiled header (building it, or another build's build)."""
-    link_seconds_total: float = 0.0
-    """Summed wall time of linker processes (also in compile_seconds_total)."""
-
-    @property
-    def build_s_mean(self) -> float:
-        return self.build_seconds_total / max(self.builds, 1)
-
-    @property
-    def process_s_mean(self) -> float:
-        """Mean seconds one compiler (or linker) process ran: the compiler's speed, without waits."""
-        return self.compile_seconds_total / max(self.processes, 1)
-
-    @property
-    def slot_wait_s_mean(self) -> float:
-        return self.slot_wait_seconds_total / max(self.processes, 1)
-
-
 class _Outcome(Struct, frozen=True, kw_only=True):
     unit: Unit
     key: str
@@ -219,7 +177,7 @@ class CompilePool:
         self._compiler_slots = anyio.CapacityLimiter(cores)
         self._pch_lock = anyio.Lock()
         self._compiling: dict[str, anyio.Event] = {}
-        self._counts = CompilePoolStatistics()
+        self._counts = CompileCounters()
         pch_key = _digest(self._pch_text(), self.toolchain.cxx, self.toolchain.fingerprint, *self._pch_flags())
         self.pch_header = self.cache_dir / "pch" / pch_key[:24] / "torch_pch.h"
 
@@ -235,16 +193,14 @@ class CompilePool:
         snapshot = Path(tempfile.mkdtemp(prefix="src-", dir=self.cache_dir / "tmp"))
         try:
             keys = await anyio.to_thread.run_sync(self._snapshot, root, plan.units, snapshot)
-            self._bump(plan_seconds_total=time.perf_counter() - start)
+            self._counts.add(plan_seconds_total=time.perf_counter() - start)
             return await self._build_units(start, root, snapshot, plan.units, keys)
         finally:
             shutil.rmtree(snapshot, ignore_errors=True)
 
     def statistics(self) -> CompilePoolStatistics:
         slots = self._compiler_slots.statistics()
-        return msgspec.structs.replace(
-            self._counts, in_flight=int(slots.borrowed_tokens), queue_length=slots.tasks_waiting
-        )
+        return self._counts.snapshot(in_flight=int(slots.borrowed_tokens), queue_length=slots.tasks_waiting)
 
     async def warm(self) -> None:
         """Build what every first build needs before it is asked for: the precompiled header and
@@ -301,7 +257,7 @@ class CompilePool:
         if self.config.use_pch and any(u.kind == "cxx" and not self._obj(keys[u.path]).exists() for u in units):
             asked = time.perf_counter()
             await self.ensure_pch()
-            self._bump(pch_wait_seconds_total=time.perf_counter() - asked)
+            self._counts.add(pch_wait_seconds_total=time.perf_counter() - asked)
         outcomes: list[_Outcome] = []
         async with anyio.create_task_group() as tg:
             for unit in units:
@@ -333,7 +289,7 @@ class CompilePool:
         while key in self._compiling:
             await self._compiling[key].wait()
         if self._obj(key).exists():
-            self._bump(cache_hits=1)
+            self._counts.add(cache_hits=1)
             warnings = self._obj(key).with_suffix(".log")
             log = warnings.read_text() if warnings.exists() else ""
             return _Outcome(unit=unit, key=key, ok=True, cached=True, log=log)
@@ -356,7 +312,7 @@ class CompilePool:
                 _atomic_write(obj.with_suffix(".log"), log.encode())
             os.replace(tmp, obj)  # atomic: readers see no object or a whole one
         tmp.unlink(missing_ok=True)
-        self._bump(units_built=int(ok), units_failed=int(not ok), timeouts=int(run.timed_out))
+        self._counts.add(units_built=int(ok), units_failed=int(not ok), timeouts=int(run.timed_out))
         fault = None if ok else machine_fault(run.output, self.toolchain)
         return _Outcome(unit=unit, key=key, ok=ok, log=log, seconds=run.seconds,
                         machine_fault=str(fault) if fault else "")
@@ -368,13 +324,13 @@ class CompilePool:
         key = _digest("link", self.toolchain.fingerprint, *flags, *(o.key for o in outcomes))
         so_path = self.cache_dir / "so" / key[:32] / f"{MODULE_NAME}{self.toolchain.ext_suffix}"
         if so_path.exists():
-            self._bump(link_cache_hits=1)
+            self._counts.add(link_cache_hits=1)
             return _Linked(ok=True, key=key, so_path=str(so_path))
         so_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = so_path.with_name(f".{so_path.name}.{uuid.uuid4().hex}.tmp")
         argv = [self.toolchain.cxx, *(str(self._obj(o.key)) for o in outcomes), "-o", str(tmp), *flags]
         run = await self._run(argv, snapshot, self.config.link_timeout_s)
-        self._bump(links=1, link_seconds_total=run.seconds)
+        self._counts.add(links=1, link_seconds_total=run.seconds)
         names = {str(self._obj(o.key)): f"{o.unit.path}.o" for o in outcomes}
         output = compiler_log.shorten_paths(run.output, {**self._replacements(snapshot), **names})
         missing = linker.unresolved_symbols(output, self.toolchain)
@@ -397,7 +353,7 @@ class CompilePool:
         tmp = gch.with_name(f".{gch.name}.{uuid.uuid4().hex}.tmp")
         argv = [self.toolchain.cxx, *self._pch_flags(), str(self.pch_header), "-o", str(tmp)]
         run = await self._run(argv, self.pch_header.parent, self.config.pch_timeout_s)
-        self._bump(pch_builds=1)
+        self._counts.add(pch_builds=1)
         if run.returncode != 0 or not tmp.exists():
             tmp.unlink(missing_ok=True)
             raise ToolchainError(f"precompiled header failed: {compiler_log.trim_log(run.output)}")
@@ -408,7 +364,7 @@ class CompilePool:
         async with self._compiler_slots:
             waited_s = time.perf_counter() - asked
             run = await run_process(argv, cwd=cwd, timeout_s=timeout_s, tmp_root=self.cache_dir / "tmp")
-        self._bump(processes=1, slot_wait_seconds_total=waited_s, compile_seconds_total=run.seconds)
+        self._counts.add(processes=1, slot_wait_seconds_total=waited_s, compile_seconds_total=run.seconds)
         return run
 
     def _install(self, root: Path, artifact: BuildArtifact) -> BuildArtifact:
@@ -468,12 +424,8 @@ class CompilePool:
 
     def _finish(self, start: float, *, ok: bool, log: str, cached: int = 0, built: int = 0, **extra) -> Build:
         seconds = time.perf_counter() - start
-        self._bump(builds=1, builds_failed=int(not ok), build_seconds_total=seconds)
+        self._counts.add(builds=1, builds_failed=int(not ok), build_seconds_total=seconds)
         cap = 2 * self.config.max_log_chars  # several failing units: the first ones, whole
         log = log if len(log) <= cap else log[:cap] + "\n[log truncated]"
         result = CompileResult(ok=ok, log=log, seconds=seconds, cached_units=cached, built_units=built)
         return Build(result=result, **extra)
-
-    def _bump(self, **deltas: float) -> None:
-        counts = self._counts
-        self._counts = msgspec.structs.replace(counts, **{k: getattr(counts, k) + v for k, v in deltas.items()})

@@ -150,7 +150,7 @@ class GpuQueue:
         exclusive = job.kind not in self.config.shared_kinds
         queued = time.monotonic()
         lane = await self._dispatcher.acquire(wanted, exclusive=exclusive)
-        laned = time.monotonic()
+        laned = held = time.monotonic()
         async with AsyncExitStack() as machine:  # the GPU against other queues of the machine
             if self._locks is not None:
                 try:
@@ -159,10 +159,10 @@ class GpuQueue:
                     self._dispatcher.release(lane)
                     raise
                 finally:
-                    lane.locked(time.monotonic() - laned)
+                    held = time.monotonic()  # held - laned: the one lock wait, for the lane's and the kind's times
+                    lane.locked(held - laned)
             worker = lane.worker
             lane.begin()
-            held = time.monotonic()
             result, reusable = None, False
             try:
                 result, reusable = await self._run(job, worker)
