@@ -148,18 +148,23 @@ def check_output(
 
 
 def _check_float(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> Check:
-    nonfinite = mismatches = 0
-    max_abs = max_rel = 0.0
+    # Counts and peaks accumulate on the device and are read once: a host read per chunk would
+    # wait for the GPU 5 times per 2**24 elements, and on a GPU shared by several verifiers and a
+    # model each wait is a scheduling round, not a few microseconds.
+    counts = torch.zeros(2, dtype=torch.int64, device=ref.device)  # non-finite, mismatches
+    peaks = torch.zeros(2, dtype=torch.float64, device=ref.device)  # max abs, max rel error
     for o, r in _pairs(out, ref):
         finite = torch.isfinite(r)
         same_special = ~finite & ((o == r) | (torch.isnan(o) & torch.isnan(r)))
-        nonfinite += int((~torch.isfinite(o) & finite).sum()) + int((~finite & ~same_special).sum())
+        counts[0] += (~torch.isfinite(o) & finite).sum() + (~finite & ~same_special).sum()
         both = finite & torch.isfinite(o)
         diff = torch.where(both, (o - r).abs(), 0.0)
-        mismatches += int((diff > tol.atol + tol.rtol * r.abs()).sum())
+        counts[1] += (diff > tol.atol + tol.rtol * r.abs()).sum()
         if diff.numel():
-            max_abs = max(max_abs, float(diff.max()))
-            max_rel = max(max_rel, float((diff / r.abs().clamp_min(tol.atol)).max()))
+            peaks[0] = torch.maximum(peaks[0], diff.max())
+            peaks[1] = torch.maximum(peaks[1], (diff / r.abs().clamp_min(tol.atol)).max())
+    nonfinite, mismatches = counts.tolist()
+    max_abs, max_rel = peaks.tolist()
     numbers = dict(max_abs_err=max_abs, max_rel_err=max_rel, mismatches=mismatches)
     if nonfinite:
         return Check(status=VerdictStatus.NAN_INF, message=f"{nonfinite} NaN/Inf values where the reference has none", **numbers)
@@ -173,12 +178,15 @@ def _check_float(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> Check:
 
 
 def rms(t: torch.Tensor) -> float:
-    total, count = 0.0, 0
+    """Root mean square of the finite elements; 0 if none is finite. One host read."""
+    total = torch.zeros((), dtype=torch.float64, device=t.device)
+    count = torch.zeros((), dtype=torch.int64, device=t.device)
     for x in t.reshape(-1).split(CHUNK):
         x = x.to(torch.float64)
-        x = x[torch.isfinite(x)]
-        total += float((x * x).sum())
-        count += x.numel()
+        finite = torch.isfinite(x)
+        total += torch.where(finite, x * x, 0.0).sum()
+        count += finite.sum()
+    total, count = float(total), int(count)
     return math.sqrt(total / count) if count else 0.0
 
 
@@ -195,12 +203,14 @@ def precision_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     if not ref.dtype.is_floating_point or ref.numel() == 0:
         return 0.0
     scale = rms(ref) or 1.0
-    total, count = 0.0, 0
+    total = torch.zeros((), dtype=torch.float64, device=ref.device)
+    count = torch.zeros((), dtype=torch.int64, device=ref.device)
     for o, r in _pairs(out.to(ref.device), ref):
         both = torch.isfinite(o) & torch.isfinite(r)
         err = (o - r).abs() / (r.abs() + scale)
-        total += float(torch.where(both, err, 0.0).sum())
-        count += int(both.sum())
+        total += torch.where(both, err, 0.0).sum()
+        count += both.sum()
+    total, count = float(total), int(count)
     return total / count if count else 0.0
 
 
@@ -226,7 +236,8 @@ def mantissa_change(cand_near: torch.Tensor, cand_rounded: torch.Tensor, ref_nea
     (by |ref_near| + rms(ref_near)). `noise` is the reference's own normalised fp32 error."""
     threshold = PROBE_SIGNAL * max(noise, PROBE_MIN_NOISE)
     scale = rms(ref_near) or 1.0
-    total = ProbeChange()
+    counts = torch.zeros(3, dtype=torch.int64, device=ref_near.device)  # elements, eligible, frozen
+    changes = torch.zeros(2, dtype=torch.float64, device=ref_near.device)  # candidate, reference
     chunks = (t.to(ref_near.device).reshape(-1).split(CHUNK) for t in (cand_near, cand_rounded, ref_near, ref_rounded))
     for cn, cr, rn, rr in zip(*chunks):
         cn, cr, rn, rr = (t.to(torch.float64) for t in (cn, cr, rn, rr))
@@ -236,10 +247,10 @@ def mantissa_change(cand_near: torch.Tensor, cand_rounded: torch.Tensor, ref_nea
         cand_change = torch.where(finite, (cn - cr).abs() / denom, 0.0)
         eligible = ref_change > threshold
         frozen = eligible & (cand_change < PROBE_FROZEN * ref_change)
-        total = total + ProbeChange(
-            elements=int(finite.sum()), eligible=int(eligible.sum()), frozen=int(frozen.sum()),
-            cand_change=float(cand_change[eligible].sum()), ref_change=float(ref_change[eligible].sum()))
-    return total
+        counts += torch.stack([finite.sum(), eligible.sum(), frozen.sum()])
+        changes += torch.stack([torch.where(eligible, cand_change, 0.0).sum(), torch.where(eligible, ref_change, 0.0).sum()])
+    (elements, eligible_n, frozen_n), (cand_total, ref_total) = counts.tolist(), changes.tolist()
+    return ProbeChange(elements=elements, eligible=eligible_n, frozen=frozen_n, cand_change=cand_total, ref_change=ref_total)
 
 
 def is_constant(t: torch.Tensor) -> bool:
@@ -250,7 +261,10 @@ def is_constant(t: torch.Tensor) -> bool:
     flat = flat.view(torch.uint8) if flat.dtype == torch.bool else flat
     words = flat.view(_WORDS.get(flat.element_size(), torch.uint8))
     first = words[:1]
-    return all(bool((chunk == first).all()) for chunk in words.split(CHUNK))
+    differs = torch.zeros((), dtype=torch.bool, device=t.device)
+    for chunk in words.split(CHUNK):
+        differs |= (chunk != first).any()
+    return not bool(differs)
 
 
 def samples(t: torch.Tensor, count: int = SAMPLES) -> torch.Tensor:

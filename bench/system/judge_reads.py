@@ -1,0 +1,80 @@
+"""Host reads and seconds of the judge's comparisons in one final verification, printed as JSON.
+
+What it is: `python -m bench.system.judge_reads` runs `rewards.verify.judge.Judge.outputs` the
+way a final verification does (the trial plan's forward calls, 14 for 12 trials) on an output of
+`--elements` float32 values against its reference, and counts the host reads it makes
+(`bench.system.host_reads`: each is a GPU synchronisation on CUDA) and its wall time. The
+family tasks' outputs hold 2**29 values (2 GiB), which the comparisons walk in chunks of
+`rewards.verify.compare.CHUNK`; `--chunk` shrinks the chunk to count a large output's reads
+cheaply on a CPU.
+
+What it is not: the verifier. No child, no candidate, no reference model: two tensors a little
+apart, so every comparison passes and every check that a passing output gets runs.
+
+    python -m bench.system.judge_reads --elements 1048576 --chunk 32768     # CPU: the reads of 32 chunks
+    python -m bench.system.judge_reads --device cuda --elements 536870912    # a family task's output
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from bench.system.host_reads import HostReads
+from rewards.verify import compare, probes
+from rewards.verify.inputs import plan_trials
+from rewards.verify.judge import Judge, JudgeSettings
+from rewards.verify.wire import OutputInfo
+
+
+def _info(t: torch.Tensor) -> OutputInfo:
+    return OutputInfo(type_name="Tensor", plain=True, device=str(t.device), dtype=str(t.dtype).removeprefix("torch."),
+                      shape=tuple(t.shape), has_storage=True, aliases_input=False)
+
+
+def run(elements: int, device: str, trials: int, pairs: int) -> dict:
+    plan = plan_trials(trials=trials, pairs=pairs, seed=1, poison=True, profile=True)
+    judge = Judge(JudgeSettings())
+    gen = torch.Generator(device=device).manual_seed(0)
+    reads, seconds, calls = HostReads(), 0.0, 0
+    for spec in plan:
+        ref = torch.randn(elements, generator=gen, device=device)
+        out = ref + 1e-7 * torch.randn(elements, generator=gen, device=device)
+        for run_index, _ in enumerate(spec.poisons):
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            with reads:
+                ok = judge.outputs(spec.index, run_index, (_info(out),), [out], [ref], {}, reused=spec.reuse_buffers,
+                                   exact=None, calibration=None)
+            seconds += time.perf_counter() - start
+            calls += 1
+            if not ok:
+                raise SystemExit(f"judge_reads: trial {spec.index} failed: {judge.evidence[-1].message}")
+    return {"device": device, "elements": elements, "chunk": compare.CHUNK, "chunks": -(-elements // compare.CHUNK),
+            "calls": calls, "host_reads": reads.total, "host_reads_per_call": round(reads.total / calls, 1),
+            "by_name": dict(reads.by_name), "seconds": round(seconds, 3), "ms_per_call": round(1e3 * seconds / calls, 2)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.system.judge_reads", description=__doc__.split("\n")[0])
+    parser.add_argument("--elements", type=int, default=1 << 20, help="float32 values per output")
+    parser.add_argument("--chunk", type=int, default=0, help="elements per comparison step (default: the verifier's)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--trials", type=int, default=12)
+    parser.add_argument("--pairs", type=int, default=2)
+    args = parser.parse_args(argv)
+    if args.elements < 2 or args.chunk < 0:
+        parser.error("--elements must be at least 2 and --chunk positive")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: no CUDA device here")
+    if args.chunk:
+        compare.CHUNK = probes._CHUNK = args.chunk
+    print(json.dumps(run(args.elements, args.device, args.trials, args.pairs)))
+
+
+if __name__ == "__main__":
+    main()
