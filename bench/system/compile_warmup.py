@@ -67,12 +67,7 @@ def _build(source: str, device: str):
 
     from rewards.timing import baselines
 
-    # aot_compile packages the forward's source (inspect): the task's code gets a linecache entry
-    # under the file name load_task compiles it with.
-    name = f"<task task_{baselines.task_sha256(source)[:12]}>"
-    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
     model, make_inputs = baselines.load_task(source, device=device)
-    _importable(model)
     return model, torch.compile(model, backend=baselines.COMPILE_BACKEND, mode=baselines.COMPILE_MODE), make_inputs
 
 
@@ -107,7 +102,12 @@ def record_aot(source: str, device: str, out: Path) -> None:
 
     with tempfile.TemporaryDirectory() as cache, torch.no_grad():
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
-        model, _, make_inputs = _build(source, device)
+        model, make_inputs = baselines.load_task(source, device=device)
+        # aot_compile packages the forward's source (inspect): the task's code gets a linecache
+        # entry under the file name load_task compiled it with.
+        name = type(model).forward.__code__.co_filename
+        linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+        _importable(model)
         forward = torch.compile(type(model).forward, fullgraph=True, backend=baselines.COMPILE_BACKEND,
                                 mode=baselines.COMPILE_MODE)
         forward.aot_compile(((model, *make_inputs(0)), {})).save_compiled_function(str(out))

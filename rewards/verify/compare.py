@@ -150,21 +150,21 @@ def check_output(
 def _check_float(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> Check:
     # Counts and peaks accumulate on the device and are read once: a host read per chunk would
     # wait for the GPU 5 times per 2**24 elements, and on a GPU shared by several verifiers and a
-    # model each wait is a scheduling round, not a few microseconds.
-    counts = torch.zeros(2, dtype=torch.int64, device=ref.device)  # non-finite, mismatches
-    peaks = torch.zeros(2, dtype=torch.float64, device=ref.device)  # max abs, max rel error
+    # model each wait is a scheduling round, not a few microseconds. float64 holds the counts
+    # exactly (below 2**53), so counts and peaks share one tensor.
+    acc = torch.zeros(4, dtype=torch.float64, device=ref.device)  # non-finite, mismatches, max abs, max rel
     for o, r in _pairs(out, ref):
         finite = torch.isfinite(r)
         same_special = ~finite & ((o == r) | (torch.isnan(o) & torch.isnan(r)))
-        counts[0] += (~torch.isfinite(o) & finite).sum() + (~finite & ~same_special).sum()
+        acc[0] += (~torch.isfinite(o) & finite).sum() + (~finite & ~same_special).sum()
         both = finite & torch.isfinite(o)
         diff = torch.where(both, (o - r).abs(), 0.0)
-        counts[1] += (diff > tol.atol + tol.rtol * r.abs()).sum()
+        acc[1] += (diff > tol.atol + tol.rtol * r.abs()).sum()
         if diff.numel():
-            peaks[0] = torch.maximum(peaks[0], diff.max())
-            peaks[1] = torch.maximum(peaks[1], (diff / r.abs().clamp_min(tol.atol)).max())
-    nonfinite, mismatches = counts.tolist()
-    max_abs, max_rel = peaks.tolist()
+            acc[2] = torch.maximum(acc[2], diff.max())
+            acc[3] = torch.maximum(acc[3], (diff / r.abs().clamp_min(tol.atol)).max())
+    nonfinite, mismatches, max_abs, max_rel = acc.tolist()
+    nonfinite, mismatches = int(nonfinite), int(mismatches)
     numbers = dict(max_abs_err=max_abs, max_rel_err=max_rel, mismatches=mismatches)
     if nonfinite:
         return Check(status=VerdictStatus.NAN_INF, message=f"{nonfinite} NaN/Inf values where the reference has none", **numbers)
@@ -179,14 +179,12 @@ def _check_float(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> Check:
 
 def rms(t: torch.Tensor) -> float:
     """Root mean square of the finite elements; 0 if none is finite. One host read."""
-    total = torch.zeros((), dtype=torch.float64, device=t.device)
-    count = torch.zeros((), dtype=torch.int64, device=t.device)
+    sums = torch.zeros(2, dtype=torch.float64, device=t.device)  # sum of squares, finite count
     for x in t.reshape(-1).split(CHUNK):
         x = x.to(torch.float64)
         finite = torch.isfinite(x)
-        total += torch.where(finite, x * x, 0.0).sum()
-        count += finite.sum()
-    total, count = float(total), int(count)
+        sums += torch.stack([torch.where(finite, x * x, 0.0).sum(), finite.sum()])
+    total, count = sums.tolist()
     return math.sqrt(total / count) if count else 0.0
 
 
@@ -203,14 +201,12 @@ def precision_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     if not ref.dtype.is_floating_point or ref.numel() == 0:
         return 0.0
     scale = rms(ref) or 1.0
-    total = torch.zeros((), dtype=torch.float64, device=ref.device)
-    count = torch.zeros((), dtype=torch.int64, device=ref.device)
+    sums = torch.zeros(2, dtype=torch.float64, device=ref.device)  # summed error, finite pairs
     for o, r in _pairs(out.to(ref.device), ref):
         both = torch.isfinite(o) & torch.isfinite(r)
         err = (o - r).abs() / (r.abs() + scale)
-        total += torch.where(both, err, 0.0).sum()
-        count += both.sum()
-    total, count = float(total), int(count)
+        sums += torch.stack([torch.where(both, err, 0.0).sum(), both.sum()])
+    total, count = sums.tolist()
     return total / count if count else 0.0
 
 
@@ -236,8 +232,7 @@ def mantissa_change(cand_near: torch.Tensor, cand_rounded: torch.Tensor, ref_nea
     (by |ref_near| + rms(ref_near)). `noise` is the reference's own normalised fp32 error."""
     threshold = PROBE_SIGNAL * max(noise, PROBE_MIN_NOISE)
     scale = rms(ref_near) or 1.0
-    counts = torch.zeros(3, dtype=torch.int64, device=ref_near.device)  # elements, eligible, frozen
-    changes = torch.zeros(2, dtype=torch.float64, device=ref_near.device)  # candidate, reference
+    sums = torch.zeros(5, dtype=torch.float64, device=ref_near.device)  # elements, eligible, frozen, changes
     chunks = (t.to(ref_near.device).reshape(-1).split(CHUNK) for t in (cand_near, cand_rounded, ref_near, ref_rounded))
     for cn, cr, rn, rr in zip(*chunks):
         cn, cr, rn, rr = (t.to(torch.float64) for t in (cn, cr, rn, rr))
@@ -247,10 +242,11 @@ def mantissa_change(cand_near: torch.Tensor, cand_rounded: torch.Tensor, ref_nea
         cand_change = torch.where(finite, (cn - cr).abs() / denom, 0.0)
         eligible = ref_change > threshold
         frozen = eligible & (cand_change < PROBE_FROZEN * ref_change)
-        counts += torch.stack([finite.sum(), eligible.sum(), frozen.sum()])
-        changes += torch.stack([torch.where(eligible, cand_change, 0.0).sum(), torch.where(eligible, ref_change, 0.0).sum()])
-    (elements, eligible_n, frozen_n), (cand_total, ref_total) = counts.tolist(), changes.tolist()
-    return ProbeChange(elements=elements, eligible=eligible_n, frozen=frozen_n, cand_change=cand_total, ref_change=ref_total)
+        sums += torch.stack([finite.sum(), eligible.sum(), frozen.sum(),
+                             torch.where(eligible, cand_change, 0.0).sum(), torch.where(eligible, ref_change, 0.0).sum()])
+    elements, eligible_n, frozen_n, cand_total, ref_total = sums.tolist()
+    return ProbeChange(elements=int(elements), eligible=int(eligible_n), frozen=int(frozen_n),
+                       cand_change=cand_total, ref_change=ref_total)
 
 
 def is_constant(t: torch.Tensor) -> bool:
