@@ -22,7 +22,7 @@ from agentcore.types import Task
 from rewards.build.compile_pool import CompileConfig, CompilePool
 from rewards.env import RewardsKernelEnv
 from rewards.evaluate import FinalEvaluator, snapshot_solution
-from rewards.inline.fold import MAX_CHARS
+from rewards.inline.fold import MAX_CHARS, MAX_NESTING
 from rewards.inline.prepare import (
     NOTES_KEY,
     InvalidSolution,
@@ -60,6 +60,11 @@ def solution(call: str, before: str = "") -> str:
     head = "import torch\nfrom torch.utils.cpp_extension import load_inline\n"
     head += f"KERNEL = {KERNEL!r}\nWRAPPER = {WRAPPER!r}\n"
     return head + before + call + MODEL
+
+
+def name_chain(n: int) -> str:
+    """`S1 = KERNEL`, `S2 = S1`, ... `SRC = Sn`: n names, each bound to the one before."""
+    return "".join(f"S{i + 1} = S{i}\n" for i in range(n)).replace("S0", "KERNEL") + f"SRC = S{n}\n"
 
 
 def only(src: str):
@@ -311,13 +316,30 @@ def test_a_file_that_cannot_be_read_is_a_compile_error_not_an_exception(text, wh
     ('SRC = "%999999999d" % 1\n', "wider than"),
     ('SRC = "x"\n' + "".join("SRC = SRC + SRC\n" for _ in range(40)), "more than"),
     ("SRC = '+'.join([KERNEL] * 1000000)\n", "too long"),
-    ("".join(f"S{i + 1} = S{i}\n" for i in range(400)).replace("S0", "KERNEL") + "SRC = S400\n", "nested too deeply"),
+    (name_chain(400), "nested too deeply"),
     ("A = B\nB = A\nSRC = A\n", "not bound"),
 ])
 def test_folding_cannot_be_made_to_build_huge_values_or_recurse(before, why):
     with pytest.raises(UnsupportedInline, match=why):
         extract(solution('ext = load_inline("e", "d", cuda_sources=SRC, functions=["f"])\n', before))
     assert MAX_CHARS < 1 << 30
+
+
+def test_deep_nesting_is_refused_whatever_the_recursion_limit():
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(5000)  # as in a process where torch Inductor has compiled something
+    try:
+        with pytest.raises(UnsupportedInline, match="nested too deeply"):
+            extract(solution('ext = load_inline("e", "d", cuda_sources=SRC, functions=["f"])\n', name_chain(400)))
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def test_nesting_just_under_the_bound_is_folded():
+    # SRC, the chain of names, KERNEL and its constant: MAX_NESTING levels in all
+    module = only(solution('ext = load_inline("e", "d", cuda_sources=SRC, functions=["f"])\n',
+                           name_chain(MAX_NESTING - 3)))
+    assert module.cuda_sources == KERNEL
 
 
 def test_a_file_with_bad_bytes_is_read_with_replacement_characters(tmp_path):

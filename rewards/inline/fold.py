@@ -44,6 +44,11 @@ from rewards.inline.bindings import (
 
 MAX_WIDTH = 10_000  # format specs wider than this are refused before formatting
 MAX_CALL_DEPTH = 8  # nested calls of the file's own functions
+# Expressions and name lookups evaluated inside one another. Each level costs at most seven Python
+# frames (a name through `if` branches or a class attribute), so the folder refuses at about 700
+# frames whatever the interpreter's recursion limit (torch Inductor raises it to 2000). Honest
+# sources nest under 10 levels; `SRC = SRC + SRC` forty times, refused for its size, reaches 82.
+MAX_NESTING = 100
 _STR_METHODS = frozenset(
     "strip lstrip rstrip replace format format_map join upper lower splitlines split removeprefix "
     "removesuffix".split()
@@ -114,7 +119,8 @@ class Folder(Bindings):
 
     def __init__(self, tree: ast.Module, aliases: dict[str, str]) -> None:
         super().__init__(tree, aliases)
-        self._depth = 0
+        self._depth = 0  # calls of the file's own functions being folded
+        self._nesting = 0  # _value calls in progress
 
     def value(self, node: ast.AST, scope: Scope | None = None) -> object:
         """The value of `node` where it stands (or in `scope`); raises NotFoldable."""
@@ -124,46 +130,52 @@ class Folder(Bindings):
             return check_size(self._value(node, scope))
         except NotFoldable:
             raise
-        except RecursionError:
+        except RecursionError:  # a path MAX_NESTING does not count, e.g. a long chain of if-branches
             raise NotFoldable(f"{line_of(node)}: nested too deeply") from None
         except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError, MemoryError) as exc:
             raise NotFoldable(f"{line_of(node)}: {type(exc).__name__}: {exc}") from None
 
     def _value(self, node: ast.AST, scope: Scope) -> object:
-        if isinstance(node, ast.Constant):
-            if not isinstance(node.value, _CONSTANT_TYPES):
-                raise NotFoldable(f"{line_of(node)}: a {type(node.value).__name__} constant")
-            return node.value
-        if isinstance(node, (ast.Name, ast.Attribute)) and (key := key_of(node)) is not None:
-            return self._lookup(key, node, scope)
-        if isinstance(node, ast.JoinedStr):
-            return check_size("".join(self._formatted(v, scope) for v in node.values))
-        if isinstance(node, ast.BinOp):
-            return check_size(self._binop(node, scope))
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd, ast.Not)):
-            operand = self._value(node.operand, scope)
-            if not isinstance(operand, (int, float, bool)):
-                raise NotFoldable(f"{line_of(node)}: a unary operator on a {type(operand).__name__}")
-            if isinstance(node.op, ast.Not):
-                return not operand
-            return -operand if isinstance(node.op, ast.USub) else operand
-        if isinstance(node, (ast.List, ast.Tuple)):
-            items = []
-            for e in node.elts:
-                items += list(self._value(e.value, scope)) if isinstance(e, ast.Starred) else [self._value(e, scope)]
-            return check_size(items if isinstance(node, ast.List) else tuple(items))
-        if isinstance(node, ast.Dict):
-            out: dict = {}
-            for k, v in zip(node.keys, node.values):
-                out.update(self._value(v, scope) if k is None else {self._value(k, scope): self._value(v, scope)})
-            return out
-        if isinstance(node, ast.Subscript):
-            return self._subscript(node, scope)
-        if isinstance(node, ast.IfExp):
-            return self._ifexp(node, scope)
-        if isinstance(node, ast.Call):
-            return check_size(self._call(node, scope))
-        raise NotFoldable(f"{line_of(node)}: {describe(node)} is not a constant expression")
+        if self._nesting >= MAX_NESTING:
+            raise NotFoldable(f"{line_of(node)}: nested too deeply (more than {MAX_NESTING} levels)")
+        self._nesting += 1
+        try:
+            if isinstance(node, ast.Constant):
+                if not isinstance(node.value, _CONSTANT_TYPES):
+                    raise NotFoldable(f"{line_of(node)}: a {type(node.value).__name__} constant")
+                return node.value
+            if isinstance(node, (ast.Name, ast.Attribute)) and (key := key_of(node)) is not None:
+                return self._lookup(key, node, scope)
+            if isinstance(node, ast.JoinedStr):
+                return check_size("".join(self._formatted(v, scope) for v in node.values))
+            if isinstance(node, ast.BinOp):
+                return check_size(self._binop(node, scope))
+            if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd, ast.Not)):
+                operand = self._value(node.operand, scope)
+                if not isinstance(operand, (int, float, bool)):
+                    raise NotFoldable(f"{line_of(node)}: a unary operator on a {type(operand).__name__}")
+                if isinstance(node.op, ast.Not):
+                    return not operand
+                return -operand if isinstance(node.op, ast.USub) else operand
+            if isinstance(node, (ast.List, ast.Tuple)):
+                items = []
+                for e in node.elts:
+                    items += list(self._value(e.value, scope)) if isinstance(e, ast.Starred) else [self._value(e, scope)]
+                return check_size(items if isinstance(node, ast.List) else tuple(items))
+            if isinstance(node, ast.Dict):
+                out: dict = {}
+                for k, v in zip(node.keys, node.values):
+                    out.update(self._value(v, scope) if k is None else {self._value(k, scope): self._value(v, scope)})
+                return out
+            if isinstance(node, ast.Subscript):
+                return self._subscript(node, scope)
+            if isinstance(node, ast.IfExp):
+                return self._ifexp(node, scope)
+            if isinstance(node, ast.Call):
+                return check_size(self._call(node, scope))
+            raise NotFoldable(f"{line_of(node)}: {describe(node)} is not a constant expression")
+        finally:
+            self._nesting -= 1
 
     def _formatted(self, part: ast.AST, scope: Scope) -> str:
         if isinstance(part, ast.Constant):
@@ -326,4 +338,4 @@ class Folder(Bindings):
         return values[0]
 
 
-__all__ = ["MAX_CHARS", "Folder", "NotFoldable"]
+__all__ = ["MAX_CHARS", "MAX_NESTING", "Folder", "NotFoldable"]
