@@ -8,11 +8,14 @@ family tasks' outputs hold 2**29 values (2 GiB), which the comparisons walk in c
 `rewards.verify.compare.CHUNK`; `--chunk` shrinks the chunk to count a large output's reads
 cheaply on a CPU.
 
+On CUDA the comparisons of a large output run as single-pass kernels (`rewards.verify.fused`);
+`--torch` also times the same calls with the torch versions, side by side in one run, with the ratio.
+
 What it is not: the verifier. No child, no candidate, no reference model: two tensors a little
 apart, so every comparison passes and every check that a passing output gets runs.
 
     python -m bench.system.judge_reads --elements 1048576 --chunk 32768     # CPU: the reads of 32 chunks
-    python -m bench.system.judge_reads --device cuda --elements 536870912    # a family task's output
+    python -m bench.system.judge_reads --device cuda --elements 536870912 --torch   # a family task's output
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import time
 import torch
 
 from bench.system.host_reads import HostReads
-from rewards.verify import compare, probes
+from rewards.verify import compare, fused, probes
 from rewards.verify.inputs import plan_trials
 from rewards.verify.judge import Judge, JudgeSettings
 from rewards.verify.wire import OutputInfo
@@ -35,7 +38,18 @@ def _info(t: torch.Tensor) -> OutputInfo:
                       shape=tuple(t.shape), has_storage=True, aliases_input=False)
 
 
-def run(elements: int, device: str, trials: int, pairs: int) -> dict:
+def run(elements: int, device: str, trials: int, pairs: int, kernels: bool = True) -> dict:
+    """One final verification's comparisons; `kernels` False keeps `rewards.verify.fused` out."""
+    saved = fused.MIN_ELEMENTS
+    if not kernels:
+        fused.MIN_ELEMENTS = 1 << 62
+    try:
+        return _run(elements, device, trials, pairs) | {"way": "fused" if kernels else "torch"}
+    finally:
+        fused.MIN_ELEMENTS = saved
+
+
+def _run(elements: int, device: str, trials: int, pairs: int) -> dict:
     plan = plan_trials(trials=trials, pairs=pairs, seed=1, poison=True, profile=True)
     judge = Judge(JudgeSettings())
     gen = torch.Generator(device=device).manual_seed(0)
@@ -66,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--trials", type=int, default=12)
     parser.add_argument("--pairs", type=int, default=2)
+    parser.add_argument("--torch", action="store_true", help="also time the torch versions of the comparisons")
     args = parser.parse_args(argv)
     if args.elements < 2 or args.chunk < 0:
         parser.error("--elements must be at least 2 and --chunk positive")
@@ -73,7 +88,11 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--device {args.device}: no CUDA device here")
     if args.chunk:
         compare.CHUNK = probes._CHUNK = args.chunk
-    print(json.dumps(run(args.elements, args.device, args.trials, args.pairs)))
+    result = run(args.elements, args.device, args.trials, args.pairs)
+    if args.torch:
+        slow = run(args.elements, args.device, args.trials, args.pairs, kernels=False)
+        result = {"fused": result, "torch": slow, "torch_over_fused": round(slow["seconds"] / max(result["seconds"], 1e-9), 2)}
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ import torch
 from msgspec import Struct
 
 from rewards.verdict import VerdictStatus
+from rewards.verify import fused, probes
 
 CHUNK = 1 << 24  # elements per step: float64 temporaries of 128 MiB
 SAMPLES = 4096
@@ -148,6 +149,23 @@ def check_output(
 
 
 def _check_float(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> Check:
+    stats = fused.check_stats(out, ref, tol.atol, tol.rtol)
+    nonfinite, mismatches, max_abs, max_rel = stats if stats is not None else _float_stats(out, ref, tol)
+    numbers = dict(max_abs_err=max_abs, max_rel_err=max_rel, mismatches=mismatches)
+    if nonfinite:
+        return Check(status=VerdictStatus.NAN_INF, message=f"{nonfinite} NaN/Inf values where the reference has none", **numbers)
+    if mismatches:
+        message = (
+            f"{mismatches} of {ref.numel()} values outside atol={tol.atol:g}, rtol={tol.rtol:g} "
+            f"(max abs err {max_abs:.3g}, max rel err {max_rel:.3g})"
+        )
+        return Check(status=VerdictStatus.WRONG_OUTPUT, message=message, **numbers)
+    return Check(status=VerdictStatus.OK, **numbers)
+
+
+def _float_stats(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> tuple[int, int, float, float]:
+    """Non-finite count, mismatch count, max abs and max rel error, with torch, chunk by chunk
+    in float64 (`rewards.verify.fused.check_stats` is the same in one pass)."""
     # Counts and peaks accumulate on the device and are read once: a host read per chunk would
     # wait for the GPU 5 times per 2**24 elements, and on a GPU shared by several verifiers and a
     # model each wait is a scheduling round, not a few microseconds. float64 holds the counts
@@ -162,23 +180,18 @@ def _check_float(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> Check:
         acc[1] += (diff > tol.atol + tol.rtol * r.abs()).sum()
         if diff.numel():
             acc[2] = torch.maximum(acc[2], diff.max())
-            acc[3] = torch.maximum(acc[3], (diff / r.abs().clamp_min(tol.atol)).max())
+            # only where both are finite: a NaN in the reference is no relative error
+            acc[3] = torch.maximum(acc[3], torch.where(both, diff / r.abs().clamp_min(tol.atol), 0.0).max())
     nonfinite, mismatches, max_abs, max_rel = acc.tolist()
-    nonfinite, mismatches = int(nonfinite), int(mismatches)
-    numbers = dict(max_abs_err=max_abs, max_rel_err=max_rel, mismatches=mismatches)
-    if nonfinite:
-        return Check(status=VerdictStatus.NAN_INF, message=f"{nonfinite} NaN/Inf values where the reference has none", **numbers)
-    if mismatches:
-        message = (
-            f"{mismatches} of {ref.numel()} values outside atol={tol.atol:g}, rtol={tol.rtol:g} "
-            f"(max abs err {max_abs:.3g}, max rel err {max_rel:.3g})"
-        )
-        return Check(status=VerdictStatus.WRONG_OUTPUT, message=message, **numbers)
-    return Check(status=VerdictStatus.OK, **numbers)
+    return int(nonfinite), int(mismatches), max_abs, max_rel
 
 
 def rms(t: torch.Tensor) -> float:
     """Root mean square of the finite elements; 0 if none is finite. One host read."""
+    stats = fused.rms_stats(t)
+    if stats is not None:
+        total, count = stats
+        return math.sqrt(total / count) if count else 0.0
     sums = torch.zeros(2, dtype=torch.float64, device=t.device)  # sum of squares, finite count
     for x in t.reshape(-1).split(CHUNK):
         x = x.to(torch.float64)
@@ -201,8 +214,13 @@ def precision_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     if not ref.dtype.is_floating_point or ref.numel() == 0:
         return 0.0
     scale = rms(ref) or 1.0
+    out = out.to(ref.device)
+    stats = fused.precision_stats(out, ref, scale)
+    if stats is not None:
+        total, count = stats
+        return total / count if count else 0.0
     sums = torch.zeros(2, dtype=torch.float64, device=ref.device)  # summed error, finite pairs
-    for o, r in _pairs(out.to(ref.device), ref):
+    for o, r in _pairs(out, ref):
         both = torch.isfinite(o) & torch.isfinite(r)
         err = (o - r).abs() / (r.abs() + scale)
         sums += torch.stack([torch.where(both, err, 0.0).sum(), both.sum()])
@@ -256,11 +274,20 @@ def is_constant(t: torch.Tensor) -> bool:
     flat = t.reshape(-1)
     flat = flat.view(torch.uint8) if flat.dtype == torch.bool else flat
     words = flat.view(_WORDS.get(flat.element_size(), torch.uint8))
+    differing = fused.differing_words(words)
+    if differing is not None:
+        return differing == 0
     first = words[:1]
     differs = torch.zeros((), dtype=torch.bool, device=t.device)
     for chunk in words.split(CHUNK):
         differs |= (chunk != first).any()
     return not bool(differs)
+
+
+def fingerprint(t: torch.Tensor) -> str:
+    """`rewards.verify.probes.fingerprint` on the trusted side: the same digest, its sums taken
+    in one pass (`rewards.verify.fused.word_sums`) where the kernels apply."""
+    return probes.fingerprint(t, sums=fused.word_sums)
 
 
 def samples(t: torch.Tensor, count: int = SAMPLES) -> torch.Tensor:

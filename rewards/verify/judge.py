@@ -22,7 +22,7 @@ from rewards.verdict import PARTIAL, Rules, Verdict, VerdictStatus
 from rewards.verdict import HackCategory as H
 from rewards.verify import compare
 from rewards.verify.audit import attribute, op_calls, op_violations
-from rewards.verify.probes import fingerprint
+from rewards.verify.compare import fingerprint
 from rewards.verify.wire import Loaded, OutputInfo, Snapshot, TrialReport
 
 # The rules, each with its hack number in rewards/README.md:

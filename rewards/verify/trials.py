@@ -43,6 +43,7 @@ from rewards.verify.audit import (
     sources_call_vendor,
     task_allows_vendor,
 )
+from rewards.verify.compare import fingerprint
 from rewards.verify.inputs import (
     PROBES,
     TrialSpec,
@@ -55,7 +56,7 @@ from rewards.verify.inputs import (
 )
 from rewards.verify.judge import Judge, JudgeSettings
 from rewards.verify.phases import Phases
-from rewards.verify.probes import fingerprint, pin_precision
+from rewards.verify.probes import pin_precision
 from rewards.verify.wire import (
     ChildGone,
     KernelEvent,
