@@ -335,6 +335,20 @@ def test_deep_nesting_is_refused_whatever_the_recursion_limit():
         sys.setrecursionlimit(limit)
 
 
+def test_a_long_run_of_branches_rebinding_a_name_is_refused_whatever_the_recursion_limit():
+    # the condition does not fold, so each `if` merges its branches over the merge before it
+    branches = "".join("if torch.version.cuda:\n    SRC = KERNEL\nelse:\n    SRC = KERNEL\n" for _ in range(400))
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(5000)
+    try:
+        with pytest.raises(UnsupportedInline, match="nested too deeply"):
+            extract(solution('ext = load_inline("e", "d", cuda_sources=SRC, functions=["f"])\n', branches))
+    finally:
+        sys.setrecursionlimit(limit)
+    few = "".join("if torch.version.cuda:\n    SRC = KERNEL\nelse:\n    SRC = KERNEL\n" for _ in range(20))
+    assert only(solution('ext = load_inline("e", "d", cuda_sources=SRC, functions=["f"])\n', few)).cuda_sources == KERNEL
+
+
 def test_nesting_just_under_the_bound_is_folded():
     # SRC, the chain of names, KERNEL and its constant: MAX_NESTING levels in all
     module = only(solution('ext = load_inline("e", "d", cuda_sources=SRC, functions=["f"])\n',

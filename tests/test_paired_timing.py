@@ -862,3 +862,13 @@ def test_the_child_times_candidate_eager_and_compile_together(tmp_path):
                           work_dir=tmp_path)
     assert harness.ok and harness.reference_candidate and not harness.compile_cache
     assert score_paired(OK, harness.paired).milestone == 1  # the reference is not 5% faster than itself
+
+
+def test_the_childs_account_of_its_reference_compile_sums_torchs_regions(monkeypatch):
+    from torch._dynamo import utils as dynamo_utils
+
+    from rewards.timing import profile_child
+
+    monkeypatch.setattr(dynamo_utils, "compilation_time_metrics", {"entire_frame_compile": [0.5, 0.25],
+                                                                    "inductor_compile": [0.125]})
+    assert profile_child._compile_seconds() == {"entire_frame_compile": 0.75, "inductor_compile": 0.125}

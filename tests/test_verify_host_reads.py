@@ -1,7 +1,7 @@
 """The comparisons read the GPU a fixed number of times, however many chunks an output has.
 
 Each host read of a CUDA tensor waits for the GPU; on a GPU shared by several verifiers and the
-model, reads per chunk made a 2 GiB output's judging take seconds. Counted on the CPU with
+model, reads per chunk made a large output's judging take seconds. Counted on the CPU with
 `bench.system.host_reads`, which sees the same calls the GPU would.
 """
 

@@ -4,9 +4,9 @@ What it is: `python -m bench.system.judge_reads` runs `rewards.verify.judge.Judg
 way a final verification does (the trial plan's forward calls, 14 for 12 trials) on an output of
 `--elements` float32 values against its reference, and counts the host reads it makes
 (`bench.system.host_reads`: each is a GPU synchronisation on CUDA) and its wall time. The
-family tasks' outputs hold 2**29 values (2 GiB), which the comparisons walk in chunks of
-`rewards.verify.compare.CHUNK`; `--chunk` shrinks the chunk to count a large output's reads
-cheaply on a CPU.
+smoke's family tasks' outputs hold ~2**25 values (128 MiB; 2**29 at the 3 ms sizing), which the
+comparisons walk in chunks of `rewards.verify.compare.CHUNK`; `--chunk` shrinks the chunk to count
+a large output's reads cheaply on a CPU.
 
 On CUDA the comparisons of a large output run as single-pass kernels (`rewards.verify.fused`);
 `--torch` also times the same calls with the torch versions, side by side in one run, with the ratio.
@@ -15,7 +15,7 @@ What it is not: the verifier. No child, no candidate, no reference model: two te
 apart, so every comparison passes and every check that a passing output gets runs.
 
     python -m bench.system.judge_reads --elements 1048576 --chunk 32768     # CPU: the reads of 32 chunks
-    python -m bench.system.judge_reads --device cuda --elements 536870912 --torch   # a family task's output
+    python -m bench.system.judge_reads --device cuda --elements 33554432 --torch    # a smoke task's output
 """
 
 from __future__ import annotations
@@ -53,6 +53,13 @@ def _run(elements: int, device: str, trials: int, pairs: int) -> dict:
     plan = plan_trials(trials=trials, pairs=pairs, seed=1, poison=True, profile=True)
     judge = Judge(JudgeSettings())
     gen = torch.Generator(device=device).manual_seed(0)
+    # First calls load the kernels (and compile the fused ones), untimed.
+    warm = torch.randn(elements, device=device)
+    compare.check_output(warm, warm)
+    compare.precision_error(warm, warm)
+    compare.fingerprint(warm)
+    compare.is_constant(warm)
+    del warm
     reads, seconds, calls = HostReads(), 0.0, 0
     for spec in plan:
         ref = torch.randn(elements, generator=gen, device=device)

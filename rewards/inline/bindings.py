@@ -152,6 +152,14 @@ def line_of(node: ast.AST) -> str:
     return f"line {getattr(node, 'lineno', '?')}"
 
 
+# Values worked out inside one another: expressions, name lookups, a name rebound in `if` branches
+# after `if` branches. Each level costs at most seven Python frames (a name through `if` branches or
+# a class attribute), so the folder refuses at about 700 frames whatever the interpreter's recursion
+# limit (torch Inductor raises it to 2000). Honest sources nest under 10 levels; `SRC = SRC + SRC`
+# forty times, refused for its size, reaches 82.
+MAX_NESTING = 100
+
+
 class Bindings:
     """Scopes of one parsed file; a subclass evaluates expressions (`value`)."""
 
@@ -163,6 +171,14 @@ class Bindings:
                 self.parents[child] = node
         self._module_end: Scope | None = None
         self._attributes: dict[tuple[int, str], object] = {}
+        self._nesting = 0  # levels of `_deeper` entered and not yet left
+
+    def _deeper(self, node: ast.AST) -> None:
+        """One level further in (the caller steps back out with `self._nesting -= 1` in a
+        `finally`); past `MAX_NESTING` levels the source is refused."""
+        if self._nesting >= MAX_NESTING:
+            raise NotFoldable(f"{line_of(node)}: nested too deeply (more than {MAX_NESTING} levels)")
+        self._nesting += 1
 
     def value(self, node: ast.AST, scope: Scope | None = None) -> object:
         """The value of `node` where it stands (or in `scope`); raises NotFoldable."""
@@ -373,8 +389,12 @@ class Bindings:
 
     def _resolve_merged(self, merged: Merged, use: ast.AST) -> object:
         """The branches agree, or (the name was unbound before) the ones that bind it agree."""
-        before = self._resolve(merged.before, use)
-        values = [before if v is merged.before else self._resolve(v, use) for v in merged.values]
+        self._deeper(use)  # `before` may be the merge of an earlier `if`, and so on up the file
+        try:
+            before = self._resolve(merged.before, use)
+            values = [before if v is merged.before else self._resolve(v, use) for v in merged.values]
+        finally:
+            self._nesting -= 1
         changed = [v for v, raw in zip(values, merged.values) if raw is not merged.before]
         if changed and (merged.before is MISSING or len(changed) == len(values)) and \
                 all(same(changed[0], v) for v in changed):

@@ -28,6 +28,7 @@ import textwrap
 from rewards.inline.bindings import (
     FUNCTIONS,
     MAX_CHARS,
+    MAX_NESTING,
     MISSING,
     Bindings,
     Def,
@@ -44,11 +45,6 @@ from rewards.inline.bindings import (
 
 MAX_WIDTH = 10_000  # format specs wider than this are refused before formatting
 MAX_CALL_DEPTH = 8  # nested calls of the file's own functions
-# Expressions and name lookups evaluated inside one another. Each level costs at most seven Python
-# frames (a name through `if` branches or a class attribute), so the folder refuses at about 700
-# frames whatever the interpreter's recursion limit (torch Inductor raises it to 2000). Honest
-# sources nest under 10 levels; `SRC = SRC + SRC` forty times, refused for its size, reaches 82.
-MAX_NESTING = 100
 _STR_METHODS = frozenset(
     "strip lstrip rstrip replace format format_map join upper lower splitlines split removeprefix "
     "removesuffix".split()
@@ -120,7 +116,6 @@ class Folder(Bindings):
     def __init__(self, tree: ast.Module, aliases: dict[str, str]) -> None:
         super().__init__(tree, aliases)
         self._depth = 0  # calls of the file's own functions being folded
-        self._nesting = 0  # _value calls in progress
 
     def value(self, node: ast.AST, scope: Scope | None = None) -> object:
         """The value of `node` where it stands (or in `scope`); raises NotFoldable."""
@@ -130,15 +125,13 @@ class Folder(Bindings):
             return check_size(self._value(node, scope))
         except NotFoldable:
             raise
-        except RecursionError:  # a path MAX_NESTING does not count, e.g. a long chain of if-branches
+        except RecursionError:  # a last guard: every recursion of the folder counts against MAX_NESTING
             raise NotFoldable(f"{line_of(node)}: nested too deeply") from None
         except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError, MemoryError) as exc:
             raise NotFoldable(f"{line_of(node)}: {type(exc).__name__}: {exc}") from None
 
     def _value(self, node: ast.AST, scope: Scope) -> object:
-        if self._nesting >= MAX_NESTING:
-            raise NotFoldable(f"{line_of(node)}: nested too deeply (more than {MAX_NESTING} levels)")
-        self._nesting += 1
+        self._deeper(node)
         try:
             if isinstance(node, ast.Constant):
                 if not isinstance(node.value, _CONSTANT_TYPES):
