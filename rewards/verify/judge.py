@@ -253,10 +253,11 @@ class Judge:
                 self.fail(check.status, f"trial {trial}, output {i}: {check.message}", trial)
         passed = all(c.status is VerdictStatus.OK for c in checks)
         digests = tuple(fingerprint(o) for o in outs)
-        self._degenerate(trial, outs, refs, inputs, digests)
+        constant = tuple(compare.is_constant(o) for o in outs)  # each a read of the device: taken once
+        self._degenerate(trial, refs, inputs, digests, constant)
         if passed:
             self._precision(outs, [r if e is None else e for r, e in zip(refs, exact)], calibration)
-        self._remember_run(trial, run, reused, passed, outs, digests, refs)
+        self._remember_run(trial, run, reused, passed, outs, digests, refs, constant)
         return passed
 
     def _layout_ok(self, trial: int, infos: tuple[OutputInfo, ...], refs: list) -> bool:
@@ -276,10 +277,10 @@ class Judge:
                 return False
         return True
 
-    def _degenerate(self, trial: int, outs: list, refs: list, input_digests: dict[str, int],
-                    digests: tuple[str, ...]) -> None:
-        for i, (out, ref, digest) in enumerate(zip(outs, refs, digests)):
-            if compare.is_constant(out) and not compare.is_constant(ref):
+    def _degenerate(self, trial: int, refs: list, input_digests: dict[str, int], digests: tuple[str, ...],
+                    constant: tuple[bool, ...]) -> None:
+        for i, (ref, digest, flat) in enumerate(zip(refs, digests, constant)):
+            if flat and not compare.is_constant(ref):
                 self.hack(H.DEGENERATE_OUTPUT, f"output {i} is constant while the reference is not", trial)
             k = input_digests.get(digest)
             if k is not None and fingerprint(ref) != digest:
@@ -329,22 +330,22 @@ class Judge:
         ratio = total.cand_change / total.ref_change if total.ref_change else None
         self.details |= {"probe_eligible": total.eligible, "probe_frozen": total.frozen, "probe_change": ratio}
 
-    def _remember_run(self, trial, run, reused, passed, outs, digests, refs) -> None:
+    def _remember_run(self, trial, run, reused, passed, outs, digests, refs, constant=()) -> None:
         if run == 0:
             self.first_runs.append((reused, passed))
         if outs is None:
             return
         if run == 0:
             self.pairs[trial] = (passed, digests)
-            self._replay(trial, outs, digests, refs)
+            self._replay(trial, outs, digests, refs, constant)
         elif trial in self.pairs:
             first_passed, first_digests = self.pairs[trial]
             if not (first_passed and passed) and first_digests != digests:
                 self.hack(H.NONDETERMINISM, "two runs on the same inputs with differently poisoned memory "
                           "disagree (uninitialised memory or a race)", trial)
 
-    def _replay(self, trial: int, outs: list, digests: tuple[str, ...], refs: list) -> None:
-        if any(compare.is_constant(o) for o in outs):
+    def _replay(self, trial: int, outs: list, digests: tuple[str, ...], refs: list, constant: tuple[bool, ...]) -> None:
+        if any(constant):
             return  # a constant output matches nothing in particular: it is judged as degenerate
         memory = _Memory(index=trial, ref_samples=[compare.samples(r) for r in refs],
                          ref_digests=tuple(fingerprint(r) for r in refs),
