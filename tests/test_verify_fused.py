@@ -149,6 +149,16 @@ def test_constant_outputs(dtype):
 
 @cuda
 @pytest.mark.gpu
+def test_the_environment_can_turn_the_kernels_off(monkeypatch):
+    a = torch.randn(N, device="cuda")
+    assert fused.check_stats(a, a, 1e-2, 1e-2) is not None
+    monkeypatch.setenv("CUDA_AGENT_FUSED_COMPARE", "0")
+    assert fused.check_stats(a, a, 1e-2, 1e-2) is None
+    assert compare.check_output(a, a.clone()).status.name == "OK"
+
+
+@cuda
+@pytest.mark.gpu
 def test_the_kernels_run_on_torchs_current_stream():
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):

@@ -21,7 +21,8 @@ These launch one kernel per statistic and read the tensors once.
 
 The kernels are compiled by NVRTC on first use in a process (CuPy caches them on disk). A compile
 or launch error is logged once and the process goes back to the torch versions: the comparison
-is the evaluator's and must not fail with its accelerator.
+is the evaluator's and must not fail with its accelerator. `CUDA_AGENT_FUSED_COMPARE=0` in the
+environment keeps every process on the torch versions.
 
 What it is not: the child's side. The candidate's process fingerprints with torch only
 (`rewards.verify.probes`): a sandboxed child has no business compiling kernels of the judge.
@@ -30,6 +31,7 @@ What it is not: the child's side. The candidate's process fingerprints with torc
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import numpy
@@ -202,8 +204,9 @@ def _cupy() -> Any:
 
 def applies(*tensors: torch.Tensor, kinds: dict = _FLOATS) -> bool:
     """Whether the kernels take these tensors: CUDA, one device, contiguous, at least
-    `MIN_ELEMENTS` values each (the same count), dtypes with a kernel, CuPy importable."""
-    if _KERNELS.broken or not tensors:
+    `MIN_ELEMENTS` values each (the same count), dtypes with a kernel, CuPy importable, and not
+    turned off (`CUDA_AGENT_FUSED_COMPARE=0`)."""
+    if _KERNELS.broken or not tensors or os.environ.get("CUDA_AGENT_FUSED_COMPARE", "1") == "0":
         return False
     first = tensors[0]
     if first.device.type != "cuda" or first.numel() < MIN_ELEMENTS:
