@@ -30,6 +30,7 @@ What it is not: the child's side. The candidate's process fingerprints with torc
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import Any
@@ -194,7 +195,10 @@ class _Kernels:
 _KERNELS = _Kernels()
 
 
+@functools.cache
 def _cupy() -> Any:
+    """CuPy, or None; asked once per process (a failed import is not cached by Python, and
+    `applies` runs on every comparison)."""
     try:
         import cupy
     except ImportError:

@@ -192,17 +192,22 @@ def fingerprint(tensor, sums=None) -> str:
         flat = flat.view(torch.uint8)
     words = flat.view(getattr(torch, _WORDS.get(flat.element_size(), "uint8")))
     taken = sums(words) if sums is not None else None
-    if taken is not None:
-        a, b = taken
-        return f"{a & (2**64 - 1):016x}{b & (2**64 - 1):016x}:{tuple(t.shape)}"
-    s1 = torch.zeros((), dtype=torch.int64, device=t.device)
-    s2 = torch.zeros((), dtype=torch.int64, device=t.device)
+    a, b = taken if taken is not None else _word_sums(words)
+    return f"{a & (2**64 - 1):016x}{b & (2**64 - 1):016x}:{tuple(t.shape)}"
+
+
+def _word_sums(words) -> tuple[int, int]:
+    """The words' sum and sum of squares, widened to int64 and wrapping, chunk by chunk."""
+    import torch
+
+    s1 = torch.zeros((), dtype=torch.int64, device=words.device)
+    s2 = torch.zeros((), dtype=torch.int64, device=words.device)
     for chunk in words.split(_CHUNK):
         wide = chunk.to(torch.int64)
         s1 += wide.sum()
         s2 += (wide * wide).sum()
     a, b = torch.stack([s1, s2]).tolist()
-    return f"{a & (2**64 - 1):016x}{b & (2**64 - 1):016x}:{tuple(t.shape)}"
+    return a, b
 
 
 def poison(device: str, sizes: tuple[int, ...], byte: int) -> bool:
