@@ -35,24 +35,20 @@ def test_source_compiles_for_every_instantiation(tmp_path):
 def test_cpu_tensors_take_the_torch_versions():
     a = torch.randn(N)
     assert not fused.applies(a, a.clone())
-    assert fused.check_stats(a, a, 1e-2, 1e-2) is None
+    assert fused.check_stats(a, a, torch.tensor([1e-2, 1e-2])) is None
     assert fused.word_sums(a.view(torch.int32)) is None
     assert compare.check_output(a, a.clone()).status.name == "OK"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bool, torch.int64, torch.uint8])
-def test_sums_taken_elsewhere_format_as_the_torch_ones(dtype):
+def test_the_fingerprints_sums_are_the_words_wrapping_sums(dtype):
     t = (torch.randn(1000) * 1000).to(dtype)
-    words = t.reshape(-1).view(torch.uint8) if dtype == torch.bool else t.reshape(-1)
-    words = words.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[words.element_size()])
-
-    def by_hand(w):  # the same wrapping sums, as Python integers, signed as torch reads them
-        wide = [int(x) for x in w.tolist()]
-        wrap = lambda v: (v + 2**63) % 2**64 - 2**63  # noqa: E731
-        return wrap(sum(wide)), wrap(sum(x * x for x in wide))
-
-    assert probes.fingerprint(t, sums=by_hand) == probes.fingerprint(t)
-    assert probes.fingerprint(t, sums=lambda w: None) == probes.fingerprint(t)
+    words = probes.fingerprint_words(t)
+    assert words.element_size() == t.element_size() and words.numel() == t.numel()
+    wide = [int(x) for x in words.tolist()]
+    wrap = lambda v: (v + 2**63) % 2**64 - 2**63  # noqa: E731
+    by_hand = wrap(sum(wide)), wrap(sum(x * x for x in wide))
+    assert probes.fingerprint(t) == probes.digest(t, *by_hand) == compare.fingerprint(t)
 
 
 def test_the_rel_error_of_a_nan_reference_is_no_nan():
@@ -96,9 +92,10 @@ def test_check_stats_equal_the_torch_ones(out_dtype, ref_dtype):
     out[1013 * 7 + 5] = float("-inf")  # the other infinity where the reference is +inf
     out, ref = out.to(out_dtype), ref.to(ref_dtype)
     tol = compare.tolerance_for(ref.dtype)
-    got = fused.check_stats(out, ref, tol.atol, tol.rtol)
+    limits = torch.tensor([tol.atol, tol.rtol], dtype=torch.float64, device="cuda")
+    got = fused.check_stats(out, ref, limits)
     assert got is not None, "the kernels did not run"
-    want = compare._float_stats(out, ref, tol)
+    got, want = got.tolist(), compare._float_stats(out, ref, limits).tolist()
     assert got[:2] == want[:2] and got[0] > 0 and got[1] > 0
     assert got[2] == want[2] and got[3] == want[3]
     assert _torch(compare.check_output, out, ref) == compare.check_output(out, ref)
@@ -111,7 +108,8 @@ def test_rms_and_precision_equal_the_torch_ones(dtype):
     gen = torch.Generator(device="cuda").manual_seed(1)
     ref = _with_specials(torch.randn(N, device="cuda", generator=gen)).to(dtype)
     out = (ref.double() * (1 + 1e-5 * torch.randn(N, device="cuda", generator=gen, dtype=torch.float64))).to(dtype)
-    assert fused.rms_stats(ref) is not None and fused.precision_stats(out, ref, 1.0) is not None
+    one = torch.ones((), dtype=torch.float64, device="cuda")
+    assert fused.rms_stats(ref) is not None and fused.precision_stats(out, ref, one) is not None
     assert compare.rms(ref) == pytest.approx(_torch(compare.rms, ref), rel=1e-12)
     assert compare.precision_error(out, ref) == pytest.approx(_torch(compare.precision_error, out, ref), rel=1e-9)
     assert compare.precision_error(out.float(), ref.double()) == pytest.approx(
@@ -141,7 +139,7 @@ def test_constant_outputs(dtype):
     assert compare.is_constant(t) and _torch(compare.is_constant, t)
     t[-1] = 1
     assert fused.differing_words(t.view(torch.uint8) if dtype == torch.bool else t.view(
-        {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])) == 1
+        {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])).item() == 1
     assert not compare.is_constant(t) and not _torch(compare.is_constant, t)
     nan = torch.full((N,), float("nan"), device="cuda")
     assert compare.is_constant(nan)
@@ -151,9 +149,10 @@ def test_constant_outputs(dtype):
 @pytest.mark.gpu
 def test_the_environment_can_turn_the_kernels_off(monkeypatch):
     a = torch.randn(N, device="cuda")
-    assert fused.check_stats(a, a, 1e-2, 1e-2) is not None
+    limits = torch.tensor([1e-2, 1e-2], dtype=torch.float64, device="cuda")
+    assert fused.check_stats(a, a, limits) is not None
     monkeypatch.setenv("CUDA_AGENT_FUSED_COMPARE", "0")
-    assert fused.check_stats(a, a, 1e-2, 1e-2) is None
+    assert fused.check_stats(a, a, limits) is None
     assert compare.check_output(a, a.clone()).status.name == "OK"
 
 

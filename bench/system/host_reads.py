@@ -4,7 +4,9 @@ What it is: `HostReads`, a torch function mode that counts the calls which copy 
 tensor to the host (`item`, `tolist`, `bool()`, `int()`, `float()`, `.cpu()`, `.numpy()`,
 `nonzero` and indexing with a boolean mask, which needs the mask's count first). On a CUDA tensor
 each is a synchronisation; counted on the CPU, the same code makes the same calls, so the count
-stands for the GPU's without one. `bench.system.judge_reads` and the comparison tests use it.
+stands for the GPU's without one. With `device_only` it counts only reads of tensors off the CPU,
+the synchronisations themselves (a CUDA run's count, without the host-side work on samples already
+read). `bench.system.judge_reads` and the comparison tests use it.
 
 What it is not: a profiler. It counts calls, not time, and it sees only torch's Python API.
 
@@ -27,9 +29,10 @@ READS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__inde
 class HostReads(TorchFunctionMode):
     """Counts host reads by name while active."""
 
-    def __init__(self) -> None:
+    def __init__(self, device_only: bool = False) -> None:
         super().__init__()
         self.by_name: Counter[str] = Counter()
+        self.device_only = device_only
 
     @property
     def total(self) -> int:
@@ -37,9 +40,10 @@ class HostReads(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
-        if name in READS:
+        counted = not self.device_only or (bool(args) and isinstance(args[0], torch.Tensor) and args[0].device.type != "cpu")
+        if counted and name in READS:
             self.by_name[name] += 1
-        elif name == "__getitem__" and len(args) > 1 and _bool_mask(args[1]):
+        elif counted and name == "__getitem__" and len(args) > 1 and _bool_mask(args[1]):
             self.by_name["mask index"] += 1
         return func(*args, **(kwargs or {}))
 

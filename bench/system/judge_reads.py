@@ -60,7 +60,7 @@ def _run(elements: int, device: str, trials: int, pairs: int) -> dict:
     compare.fingerprint(warm)
     compare.is_constant(warm)
     del warm
-    reads, seconds, calls = HostReads(), 0.0, 0
+    reads, seconds, calls = HostReads(device_only=device != "cpu"), 0.0, 0
     for spec in plan:
         ref = torch.randn(elements, generator=gen, device=device)
         out = ref + 1e-7 * torch.randn(elements, generator=gen, device=device)
@@ -70,7 +70,7 @@ def _run(elements: int, device: str, trials: int, pairs: int) -> dict:
             start = time.perf_counter()
             with reads:
                 ok = judge.outputs(spec.index, run_index, (_info(out),), [out], [ref], {}, reused=spec.reuse_buffers,
-                                   exact=None, calibration=None)
+                                   exact=None, calibration=None, variant=spec.variant)
             seconds += time.perf_counter() - start
             calls += 1
             if not ok:

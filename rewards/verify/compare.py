@@ -35,8 +35,14 @@ The atol is KernelBench's for its own inputs. The "signed" and "scaled" input va
 of terms far larger than itself, and fp32 rounding of an honest sum is an absolute error on the
 scale of the whole output, which the "scaled" variant grows too (a K = 524,288 dot product with
 inputs scaled by 5, summed in order in fp32: error std 0.09, output median 4,200). On those
-variants the judge passes `atol_scale` = max(1, `typical_magnitude(ref)`), so atol is relative
-to the output's typical size; the "task" variant keeps KernelBench's tolerance.
+variants the judge asks for `scaled_atol`: atol times max(1, `typical_magnitude(ref)`), so atol is
+relative to the output's typical size; the "task" variant keeps KernelBench's tolerance.
+
+Every statistic stays on the device until it is read: `queue_output` queues all that the judge
+reads of one output (check, fingerprints, constancy, precision error, samples) on a
+`rewards.verify.readout.Readout`, and one host read brings it all back; on a GPU shared with other
+processes each read waits a scheduling round of theirs. The plain functions (`check_output`,
+`precision_error`, `fingerprint`, ...) make one read each.
 
 What it is not: the verdict, and no knowledge of trials (`rewards.verify.judge` keeps the history).
 """
@@ -44,13 +50,17 @@ What it is not: the verdict, and no knowledge of trials (`rewards.verify.judge` 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch
 from msgspec import Struct
 
 from rewards.verdict import VerdictStatus
 from rewards.verify import fused, probes
+from rewards.verify.readout import Readout
+
+T = TypeVar("T")
 
 CHUNK = 1 << 24  # elements per step: float64 temporaries of 128 MiB
 SAMPLES = 4096
@@ -114,9 +124,57 @@ class Check(Struct, frozen=True, kw_only=True):
     mismatches: int = 0
 
 
+class OutputFacts(Struct, frozen=True, kw_only=True):
+    """What the judge reads of one output against its reference (`queue_output`)."""
+
+    check: Check
+    digest: str
+    """`fingerprint` of the output."""
+    constant: bool
+    ref_digest: str
+    ref_constant: bool
+    precision: float | None
+    """`precision_error` against the exact reference; None where shape or dtype differ, or the
+    output's dtype has no tolerance."""
+    samples: torch.Tensor | None = None
+    """`samples` of the output and of the reference (not the float64 one), when asked."""
+    ref_samples: torch.Tensor | None = None
+
+
+def queue_output(out: torch.Tensor, ref: torch.Tensor, readout: Readout, *, exact: torch.Tensor | None = None,
+                 atol: float | None = None, rtol: float | None = None, scaled_atol: bool = False,
+                 with_samples: bool = False) -> Callable[[], OutputFacts]:
+    """Queue on `readout` all that the judge reads of `out` against `ref` (values against `exact`
+    when given): the check, fingerprints and constancy of both, the precision error and, with
+    `with_samples`, both tensors' samples. `scaled_atol` scales atol by the output's typical
+    magnitude (at least 1), taken on the device. Call the result after `readout.read()`."""
+    check = queue_check(out, ref, readout, atol, rtol, exact=exact, scaled_atol=scaled_atol)
+    target = ref if exact is None else exact
+    comparable = tuple(out.shape) == tuple(ref.shape) and out.dtype == ref.dtype
+    precision = (queue_precision(out, target, readout)
+                 if comparable and tolerance_for(out.dtype) is not None else lambda: None)
+    digest, constant = queue_fingerprint(out, readout), queue_constant(out, readout)
+    ref_digest, ref_constant = queue_fingerprint(ref, readout), queue_constant(ref, readout)
+    taken = (queue_samples(out, readout), queue_samples(ref, readout)) if with_samples else None
+
+    def facts() -> OutputFacts:
+        return OutputFacts(check=check(), digest=digest(), constant=constant(), ref_digest=ref_digest(),
+                           ref_constant=ref_constant(), precision=precision(),
+                           samples=taken[0]() if taken else None, ref_samples=taken[1]() if taken else None)
+
+    return facts
+
+
 def _pairs(a: torch.Tensor, b: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     for x, y in zip(a.reshape(-1).split(CHUNK), b.reshape(-1).split(CHUNK)):
         yield x.to(torch.float64), y.to(torch.float64)
+
+
+def _read(queued: Callable[[Readout], Callable[[], T]]) -> T:
+    readout = Readout()
+    result = queued(readout)
+    readout.read()
+    return result()
 
 
 def check_output(
@@ -126,50 +184,71 @@ def check_output(
     rtol: float | None = None,
     *,
     exact: torch.Tensor | None = None,
-    atol_scale: float = 1.0,
+    scaled_atol: bool = False,
 ) -> Check:
     """Shape and dtype against `ref` (the task's own precision), then values against `exact`
     (a float64 reference, when there is one) or `ref`: non-finite where the reference is finite
-    fails; elsewhere |out - ref| <= atol * atol_scale + rtol * |ref| (exact for integer dtypes)."""
+    fails; elsewhere |out - ref| <= atol * scale + rtol * |ref| (exact for integer dtypes), the
+    scale 1, or with `scaled_atol` the output's typical magnitude (at least 1). One host read."""
+    return _read(lambda readout: queue_check(out, ref, readout, atol, rtol, exact=exact, scaled_atol=scaled_atol))
+
+
+def queue_check(out: torch.Tensor, ref: torch.Tensor, readout: Readout, atol: float | None = None,
+                rtol: float | None = None, *, exact: torch.Tensor | None = None,
+                scaled_atol: bool = False) -> Callable[[], Check]:
+    """`check_output`, queued on `readout`."""
     if tuple(out.shape) != tuple(ref.shape):
-        return Check(status=VerdictStatus.SHAPE_MISMATCH, message=f"shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
+        shape = Check(status=VerdictStatus.SHAPE_MISMATCH, message=f"shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
+        return lambda: shape
     if out.dtype != ref.dtype:
-        return Check(status=VerdictStatus.DTYPE_MISMATCH, message=f"dtype {out.dtype}, expected {ref.dtype}")
+        dtype = Check(status=VerdictStatus.DTYPE_MISMATCH, message=f"dtype {out.dtype}, expected {ref.dtype}")
+        return lambda: dtype
     if out.device != ref.device:
         out = out.to(ref.device)
     tol = tolerance_for(ref.dtype, atol, rtol)
-    if tol is not None and atol_scale != 1.0:
-        tol = Tolerance(atol=tol.atol * atol_scale, rtol=tol.rtol, precision_floor=tol.precision_floor)
     if tol is None:
-        wrong = int((out != ref).sum())
-        if wrong:
-            return Check(status=VerdictStatus.WRONG_OUTPUT, message=f"{wrong} of {ref.numel()} values differ", mismatches=wrong)
-        return Check(status=VerdictStatus.OK, max_abs_err=0.0, max_rel_err=0.0)
-    return _check_float(out, ref if exact is None else exact, tol)
+        wrong = readout.add((out != ref).sum())
+        return lambda: _exact_check(readout.ints(wrong)[0], ref.numel())
+    target = ref if exact is None else exact
+    scale = _atol_scale(target) if scaled_atol else torch.ones((), dtype=torch.float64, device=target.device)
+    limits = torch.stack([scale * tol.atol, torch.full_like(scale, tol.rtol)])  # [atol, rtol] on the device
+    stats = fused.check_stats(out, target, limits)
+    stats = readout.add(stats if stats is not None else _float_stats(out, target, limits))
+    scale = readout.add(scale)
+
+    def check() -> Check:
+        nonfinite, mismatches, max_abs, max_rel = readout.floats(stats)
+        scaled = Tolerance(atol=tol.atol * readout.floats(scale)[0], rtol=tol.rtol, precision_floor=tol.precision_floor)
+        return _float_check(int(nonfinite), int(mismatches), max_abs, max_rel, target.numel(), scaled)
+
+    return check
 
 
-def _check_float(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> Check:
-    stats = fused.check_stats(out, ref, tol.atol, tol.rtol)
-    nonfinite, mismatches, max_abs, max_rel = stats if stats is not None else _float_stats(out, ref, tol)
+def _exact_check(wrong: int, n: int) -> Check:
+    if wrong:
+        return Check(status=VerdictStatus.WRONG_OUTPUT, message=f"{wrong} of {n} values differ", mismatches=wrong)
+    return Check(status=VerdictStatus.OK, max_abs_err=0.0, max_rel_err=0.0)
+
+
+def _float_check(nonfinite: int, mismatches: int, max_abs: float, max_rel: float, n: int, tol: Tolerance) -> Check:
     numbers = dict(max_abs_err=max_abs, max_rel_err=max_rel, mismatches=mismatches)
     if nonfinite:
         return Check(status=VerdictStatus.NAN_INF, message=f"{nonfinite} NaN/Inf values where the reference has none", **numbers)
     if mismatches:
         message = (
-            f"{mismatches} of {ref.numel()} values outside atol={tol.atol:g}, rtol={tol.rtol:g} "
+            f"{mismatches} of {n} values outside atol={tol.atol:g}, rtol={tol.rtol:g} "
             f"(max abs err {max_abs:.3g}, max rel err {max_rel:.3g})"
         )
         return Check(status=VerdictStatus.WRONG_OUTPUT, message=message, **numbers)
     return Check(status=VerdictStatus.OK, **numbers)
 
 
-def _float_stats(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> tuple[int, int, float, float]:
-    """Non-finite count, mismatch count, max abs and max rel error, with torch, chunk by chunk
-    in float64 (`rewards.verify.fused.check_stats` is the same in one pass)."""
-    # Counts and peaks accumulate on the device and are read once: a host read per chunk would
-    # wait for the GPU 5 times per 2**24 elements, and on a GPU shared by several verifiers and a
-    # model each wait is a scheduling round, not a few microseconds. float64 holds the counts
-    # exactly (below 2**53), so counts and peaks share one tensor.
+def _float_stats(out: torch.Tensor, ref: torch.Tensor, limits: torch.Tensor) -> torch.Tensor:
+    """[non-finite, mismatches, max abs err, max rel err] under `limits` ([atol, rtol] on the
+    device), with torch, chunk by chunk in float64, unread (`rewards.verify.fused.check_stats` is
+    the same in one pass). float64 holds the counts exactly (below 2**53), so counts and peaks
+    share one tensor."""
+    atol, rtol = limits[0], limits[1]
     acc = torch.zeros(4, dtype=torch.float64, device=ref.device)  # non-finite, mismatches, max abs, max rel
     for o, r in _pairs(out, ref):
         finite = torch.isfinite(r)
@@ -177,28 +256,38 @@ def _float_stats(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> tuple[
         acc[0] += (~torch.isfinite(o) & finite).sum() + (~finite & ~same_special).sum()
         both = finite & torch.isfinite(o)
         diff = torch.where(both, (o - r).abs(), 0.0)
-        acc[1] += (diff > tol.atol + tol.rtol * r.abs()).sum()
+        acc[1] += (diff > atol + rtol * r.abs()).sum()
         if diff.numel():
             acc[2] = torch.maximum(acc[2], diff.max())
             # only where both are finite: a NaN in the reference is no relative error
-            acc[3] = torch.maximum(acc[3], torch.where(both, diff / r.abs().clamp_min(tol.atol), 0.0).max())
-    nonfinite, mismatches, max_abs, max_rel = acc.tolist()
-    return int(nonfinite), int(mismatches), max_abs, max_rel
+            acc[3] = torch.maximum(acc[3], torch.where(both, diff / torch.maximum(r.abs(), atol), 0.0).max())
+    return acc
 
 
-def rms(t: torch.Tensor) -> float:
-    """Root mean square of the finite elements; 0 if none is finite. One host read."""
-    stats = fused.rms_stats(t)
-    if stats is not None:
-        total, count = stats
-        return math.sqrt(total / count) if count else 0.0
-    sums = torch.zeros(2, dtype=torch.float64, device=t.device)  # sum of squares, finite count
+def _rms_sums(t: torch.Tensor) -> torch.Tensor:
+    """[sum of squares, count] of the finite elements, on the device, unread."""
+    sums = fused.rms_stats(t)
+    if sums is not None:
+        return sums
+    sums = torch.zeros(2, dtype=torch.float64, device=t.device)
     for x in t.reshape(-1).split(CHUNK):
         x = x.to(torch.float64)
         finite = torch.isfinite(x)
         sums += torch.stack([torch.where(finite, x * x, 0.0).sum(), finite.sum()])
-    total, count = sums.tolist()
+    return sums
+
+
+def rms(t: torch.Tensor) -> float:
+    """Root mean square of the finite elements; 0 if none is finite. One host read."""
+    total, count = _rms_sums(t).tolist()
     return math.sqrt(total / count) if count else 0.0
+
+
+def _scale(t: torch.Tensor) -> torch.Tensor:
+    """rms(t), or 1 where that is 0 (or nothing is finite), as a float64 scalar on the device."""
+    total, count = _rms_sums(t).unbind()
+    value = (total / count).sqrt()  # 0 / 0 is NaN: nothing finite
+    return torch.where(value > 0, value, 1.0)
 
 
 def typical_magnitude(t: torch.Tensor) -> float:
@@ -209,23 +298,41 @@ def typical_magnitude(t: torch.Tensor) -> float:
     return float(values.median()) if values.numel() else 0.0
 
 
+def _atol_scale(t: torch.Tensor) -> torch.Tensor:
+    """max(1, `typical_magnitude(t)`) as a float64 scalar on `t`'s device, unread: the same median
+    (the lower one of an even count), with the non-finite values left out as NaN."""
+    if t.numel() == 0:
+        return torch.ones((), dtype=torch.float64, device=t.device)
+    values = _sampled(t).abs()
+    median = torch.nanmedian(torch.where(torch.isfinite(values), values, math.nan))
+    return torch.nan_to_num(median, nan=0.0).clamp_min(1.0)
+
+
 def precision_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """mean(|out - ref| / (|ref| + rms(ref))) over finite elements; 0 for integer dtypes."""
+    """mean(|out - ref| / (|ref| + rms(ref))) over finite elements; 0 for integer dtypes. One host read."""
+    return _read(lambda readout: queue_precision(out, ref, readout))
+
+
+def queue_precision(out: torch.Tensor, ref: torch.Tensor, readout: Readout) -> Callable[[], float]:
+    """`precision_error`, queued on `readout`."""
     if not ref.dtype.is_floating_point or ref.numel() == 0:
-        return 0.0
-    scale = rms(ref) or 1.0
+        return lambda: 0.0
+    scale = _scale(ref)
     out = out.to(ref.device)
-    stats = fused.precision_stats(out, ref, scale)
-    if stats is not None:
-        total, count = stats
+    sums = fused.precision_stats(out, ref, scale)
+    if sums is None:
+        sums = torch.zeros(2, dtype=torch.float64, device=ref.device)  # summed error, finite pairs
+        for o, r in _pairs(out, ref):
+            both = torch.isfinite(o) & torch.isfinite(r)
+            err = (o - r).abs() / (r.abs() + scale)
+            sums += torch.stack([torch.where(both, err, 0.0).sum(), both.sum()])
+    handle = readout.add(sums)
+
+    def error() -> float:
+        total, count = readout.floats(handle)
         return total / count if count else 0.0
-    sums = torch.zeros(2, dtype=torch.float64, device=ref.device)  # summed error, finite pairs
-    for o, r in _pairs(out, ref):
-        both = torch.isfinite(o) & torch.isfinite(r)
-        err = (o - r).abs() / (r.abs() + scale)
-        sums += torch.stack([torch.where(both, err, 0.0).sum(), both.sum()])
-    total, count = sums.tolist()
-    return total / count if count else 0.0
+
+    return error
 
 
 class ProbeChange(Struct, frozen=True, kw_only=True):
@@ -249,7 +356,7 @@ def mantissa_change(cand_near: torch.Tensor, cand_rounded: torch.Tensor, ref_nea
     reference's |ref_near - ref_rounded|, both normalised as `precision_error` normalises
     (by |ref_near| + rms(ref_near)). `noise` is the reference's own normalised fp32 error."""
     threshold = PROBE_SIGNAL * max(noise, PROBE_MIN_NOISE)
-    scale = rms(ref_near) or 1.0
+    scale = _scale(ref_near)
     sums = torch.zeros(5, dtype=torch.float64, device=ref_near.device)  # elements, eligible, frozen, changes
     chunks = (t.to(ref_near.device).reshape(-1).split(CHUNK) for t in (cand_near, cand_rounded, ref_near, ref_rounded))
     for cn, cr, rn, rr in zip(*chunks):
@@ -268,39 +375,72 @@ def mantissa_change(cand_near: torch.Tensor, cand_rounded: torch.Tensor, ref_nea
 
 
 def is_constant(t: torch.Tensor) -> bool:
-    """All elements bitwise equal (an all-zero or all-NaN output included)."""
+    """All elements bitwise equal (an all-zero or all-NaN output included). One host read."""
+    return _read(lambda readout: queue_constant(t, readout))
+
+
+def queue_constant(t: torch.Tensor, readout: Readout) -> Callable[[], bool]:
+    """`is_constant`, queued on `readout`."""
     if t.numel() <= 1:
-        return False
-    flat = t.reshape(-1)
-    flat = flat.view(torch.uint8) if flat.dtype == torch.bool else flat
-    words = flat.view(_WORDS.get(flat.element_size(), torch.uint8))
+        return lambda: False
+    words = probes.fingerprint_words(t)
     differing = fused.differing_words(words)
-    if differing is not None:
-        return differing == 0
-    first = words[:1]
-    differs = torch.zeros((), dtype=torch.bool, device=t.device)
-    for chunk in words.split(CHUNK):
-        differs |= (chunk != first).any()
-    return not bool(differs)
+    if differing is None:
+        first = words[:1]
+        differing = torch.zeros((), dtype=torch.float64, device=t.device)
+        for chunk in words.split(CHUNK):
+            differing += (chunk != first).sum()
+    handle = readout.add(differing)
+    return lambda: readout.floats(handle)[0] == 0
 
 
 def fingerprint(t: torch.Tensor) -> str:
     """`rewards.verify.probes.fingerprint` on the trusted side: the same digest, its sums taken
-    in one pass (`rewards.verify.fused.word_sums`) where the kernels apply."""
-    return probes.fingerprint(t, sums=fused.word_sums)
+    in one pass (`rewards.verify.fused.word_sums`) where the kernels apply. One host read."""
+    return _read(lambda readout: queue_fingerprint(t, readout))
+
+
+def fingerprints(tensors: list[torch.Tensor]) -> tuple[str, ...]:
+    """`fingerprint` of each of `tensors`, with one host read for all."""
+    readout = Readout()
+    queued = [queue_fingerprint(t, readout) for t in tensors]
+    readout.read()
+    return tuple(digest() for digest in queued)
+
+
+def queue_fingerprint(t: torch.Tensor, readout: Readout) -> Callable[[], str]:
+    """`fingerprint`, queued on `readout`."""
+    t = t.detach()
+    if t.numel() == 0:
+        return lambda: probes.digest(t, 0, 0)
+    words = probes.fingerprint_words(t)
+    sums = fused.word_sums(words)
+    handle = readout.add(sums if sums is not None else probes.word_sums(words))
+    return lambda: probes.digest(t, *readout.ints(handle))
 
 
 def samples(t: torch.Tensor, count: int = SAMPLES) -> torch.Tensor:
     """`count` evenly spaced elements as float64 on the CPU: the same positions for every
-    tensor of one shape, so samples of different trials can be compared."""
+    tensor of one shape, so samples of different trials can be compared. One host read."""
+    return _read(lambda readout: queue_samples(t, readout, count))
+
+
+def queue_samples(t: torch.Tensor, readout: Readout, count: int = SAMPLES) -> Callable[[], torch.Tensor]:
+    """`samples`, queued on `readout`."""
+    if t.numel() == 0:
+        return lambda: torch.zeros(0, dtype=torch.float64)
+    handle = readout.add(_sampled(t, count))
+    return lambda: readout.tensor(handle)
+
+
+def _sampled(t: torch.Tensor, count: int = SAMPLES) -> torch.Tensor:
+    """The elements of `samples`, as float64 on `t`'s device (`t` not empty)."""
     flat = t.reshape(-1)
-    if flat.numel() == 0:
-        return torch.zeros(0, dtype=torch.float64)
     # float64 positions: float32 cannot count past 2**24, and a 1.6e9-element output rounds
     # its last position past the end.
     last = flat.numel() - 1
     index = torch.linspace(0, last, min(count, flat.numel()), dtype=torch.float64, device=flat.device)
-    return flat[index.round().long().clamp_(0, last)].to(torch.float64).cpu()
+    return flat[index.round().long().clamp_(0, last)].to(torch.float64)
 
 
 def spread(t: torch.Tensor) -> float:

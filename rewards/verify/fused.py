@@ -2,9 +2,11 @@
 
 What it is: one kernel per statistic family that reads its tensors once, in their own dtype, and
 accumulates in float64 (counts, sums and peaks) or in wrapping 64-bit integers (the words' sums
-of a fingerprint) through warp reductions and one atomic per warp:
+of a fingerprint) through warp reductions and one atomic per warp. Each returns its accumulator
+on the device, unread (`rewards.verify.readout` reads a comparison's values at once); parameters
+that depend on other device values (a scaled atol, the rms scale) are read by the kernel itself:
 
-    check_stats(out, ref, atol, rtol)    -> non-finite, mismatches, max abs err, max rel err
+    check_stats(out, ref, tol)           -> non-finite, mismatches, max abs err, max rel err
     rms_stats(t)                         -> sum of squares, finite count
     precision_stats(out, ref, scale)     -> sum of |out - ref| / (|ref| + scale), finite pairs
     word_sums(words)                     -> the two wrapping sums of `probes.fingerprint`
@@ -14,10 +16,7 @@ Each returns None where it does not apply (a CPU tensor, a small or non-contiguo
 has no kernel for, no CuPy), and `rewards.verify.compare` then runs its torch version, which
 gives the same numbers: the counts and the fingerprint exactly, the sums to rounding (their order
 differs). The torch versions convert each chunk of 2**24 values to float64 and launch ~45 kernels
-over it (174 ms per comparison of 2**29 values on an idle H200); on a GPU that four verification
-lanes, their children, the engine and the learner share, each launch and synchronisation waits
-for the other contexts, and a 2**25-value comparison took ~360 ms (14 per final verification).
-These launch one kernel per statistic and read the tensors once.
+over it; these launch one kernel per statistic and read the tensors once.
 
 The kernels are compiled by NVRTC on first use in a process (CuPy caches them on disk). A compile
 or launch error is logged once and the process goes back to the torch versions: the comparison
@@ -79,9 +78,11 @@ __device__ __forceinline__ void add_u64(u64* p, u64 v) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
          i += (long long)gridDim.x * blockDim.x)
 
+// tol: atol, rtol (on the device: the atol may scale with a magnitude not yet read)
 // acc: non-finite, mismatches, max |out - ref|, max |out - ref| / max(|ref|, atol)
 template <typename O, typename R>
-__global__ void check_stats(const O* out, const R* ref, long long n, double atol, double rtol, double* acc) {
+__global__ void check_stats(const O* out, const R* ref, long long n, const double* tol, double* acc) {
+    const double atol = tol[0], rtol = tol[1];
     double nonfinite = 0.0, mismatches = 0.0, max_abs = 0.0, max_rel = 0.0;
     FOR_EACH(i, n) {
         double o = (double)out[i], r = (double)ref[i];
@@ -119,9 +120,10 @@ __global__ void rms_stats(const T* x, long long n, double* acc) {
     add(acc + 1, count);
 }
 
-// acc: sum of |out - ref| / (|ref| + scale) where both are finite, their count
+// acc: sum of |out - ref| / (|ref| + scale) where both are finite, their count; scale on the device
 template <typename O, typename R>
-__global__ void precision_stats(const O* out, const R* ref, long long n, double scale, double* acc) {
+__global__ void precision_stats(const O* out, const R* ref, long long n, const double* scale_at, double* acc) {
+    const double scale = *scale_at;
     double total = 0.0, count = 0.0;
     FOR_EACH(i, n) {
         double o = (double)out[i], r = (double)ref[i];
@@ -221,14 +223,14 @@ def applies(*tensors: torch.Tensor, kinds: dict = _FLOATS) -> bool:
     return _cupy() is not None
 
 
-def _launch(name: str, tensors: tuple[torch.Tensor, ...], scalars: tuple, slots: int,
-            dtype: torch.dtype = torch.float64) -> list | None:
-    """Run kernel `name` over `tensors` (n = their length) on torch's current stream into a fresh
-    accumulator of `slots` values; the accumulator's values, read once; None when the kernels
-    failed (then never tried again in this process)."""
+def _launch(name: str, data: tuple[torch.Tensor, ...], params: tuple[torch.Tensor, ...], slots: int,
+            dtype: torch.dtype = torch.float64) -> torch.Tensor | None:
+    """Queue kernel `name` over `data` (n values each) with its device-side `params` (float64) on
+    torch's current stream into a fresh accumulator of `slots` values, and return the accumulator
+    unread; None when the kernels failed (then never tried again in this process)."""
     cupy = _cupy()
-    device = tensors[0].device
-    n = tensors[0].numel()
+    device = data[0].device
+    n = data[0].numel()
     acc = torch.zeros(slots, dtype=dtype, device=device)
     blocks = max(1, min(MAX_BLOCKS, -(-n // BLOCK)))
     from rewards.timing.gpu_timer import external_stream
@@ -237,14 +239,12 @@ def _launch(name: str, tensors: tuple[torch.Tensor, ...], scalars: tuple, slots:
         with cupy.cuda.Device(device.index):
             kernel = _KERNELS.function(name)
             with external_stream(torch.cuda.current_stream(device), device.index):
-                kernel((blocks,), (BLOCK,), (*(_pointer(cupy, t) for t in tensors), numpy.int64(n),
-                                              *(numpy.float64(x) for x in scalars),
-                                              _pointer(cupy, acc)))
+                kernel((blocks,), (BLOCK,), (*(_pointer(cupy, t) for t in data), numpy.int64(n),
+                                              *(_pointer(cupy, p) for p in params), _pointer(cupy, acc)))
     except Exception as error:  # NVRTC, driver or CuPy errors: the torch versions still judge
         _KERNELS.disable(error)
         return None
-    return acc.tolist()
-
+    return acc
 
 def _pointer(cupy: Any, t: torch.Tensor) -> Any:
     """A CuPy view of `t`'s memory (no copy, no synchronisation); `t` keeps it alive."""
@@ -256,50 +256,48 @@ _CUPY_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.uint8:
                 torch.int32: "int32", torch.int64: "int64"}
 
 
-def check_stats(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> tuple[int, int, float, float] | None:
-    """Non-finite count, mismatch count, max abs and max rel error of `out` against `ref`, as
-    `rewards.verify.compare.check_output` counts them; None where the kernels do not apply."""
+def check_stats(out: torch.Tensor, ref: torch.Tensor, tol: torch.Tensor) -> torch.Tensor | None:
+    """[non-finite, mismatches, max abs err, max rel err] of `out` against `ref` under `tol`
+    ([atol, rtol], float64 on the device), as `rewards.verify.compare` counts them, unread; None
+    where the kernels do not apply."""
     if not applies(out, ref):
         return None
     name = f"check_stats<{_FLOATS[out.dtype]}, {_FLOATS[ref.dtype]}>"
-    values = _launch(name, (out.reshape(-1), ref.reshape(-1)), (float(atol), float(rtol)), 4)
-    if values is None:
-        return None
-    nonfinite, mismatches, max_abs, max_rel = values
-    return int(nonfinite), int(mismatches), max_abs, max_rel
+    return _launch(name, (out.reshape(-1), ref.reshape(-1)), (_param(tol, ref),), 4)
 
 
-def rms_stats(t: torch.Tensor) -> tuple[float, int] | None:
-    """Sum of squares and count of `t`'s finite values; None where the kernels do not apply."""
+def rms_stats(t: torch.Tensor) -> torch.Tensor | None:
+    """[sum of squares, count] of `t`'s finite values, unread; None where the kernels do not apply."""
     if not applies(t):
         return None
-    values = _launch(f"rms_stats<{_FLOATS[t.dtype]}>", (t.reshape(-1),), (), 2)
-    return None if values is None else (values[0], int(values[1]))
+    return _launch(f"rms_stats<{_FLOATS[t.dtype]}>", (t.reshape(-1),), (), 2)
 
 
-def precision_stats(out: torch.Tensor, ref: torch.Tensor, scale: float) -> tuple[float, int] | None:
-    """Summed |out - ref| / (|ref| + scale) over pairs both finite, and their count; None where
-    the kernels do not apply."""
+def precision_stats(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor) -> torch.Tensor | None:
+    """[summed |out - ref| / (|ref| + scale), count] over pairs both finite, unread; `scale` a
+    float64 value on the device; None where the kernels do not apply."""
     if not applies(out, ref):
         return None
     name = f"precision_stats<{_FLOATS[out.dtype]}, {_FLOATS[ref.dtype]}>"
-    values = _launch(name, (out.reshape(-1), ref.reshape(-1)), (float(scale),), 2)
-    return None if values is None else (values[0], int(values[1]))
+    return _launch(name, (out.reshape(-1), ref.reshape(-1)), (_param(scale, ref),), 2)
 
 
-def word_sums(words: torch.Tensor) -> tuple[int, int] | None:
+def word_sums(words: torch.Tensor) -> torch.Tensor | None:
     """The two wrapping 64-bit sums of `probes.fingerprint` over `words` (a 1-D view of a
-    tensor's bytes as uint8, int16, int32 or int64), as signed ints; None where the kernels do
-    not apply."""
+    tensor's bytes as uint8, int16, int32 or int64), an int64 pair, unread; None where the
+    kernels do not apply."""
     if not applies(words, kinds=_WORDS):
         return None
-    values = _launch(f"word_sums<{_WORDS[words.dtype]}>", (words,), (), 2, dtype=torch.int64)
-    return None if values is None else (values[0], values[1])
+    return _launch(f"word_sums<{_WORDS[words.dtype]}>", (words,), (), 2, dtype=torch.int64)
 
 
-def differing_words(words: torch.Tensor) -> int | None:
-    """How many of `words` differ from the first; None where the kernels do not apply."""
+def differing_words(words: torch.Tensor) -> torch.Tensor | None:
+    """How many of `words` differ from the first, unread; None where the kernels do not apply."""
     if not applies(words, kinds=_WORDS):
         return None
-    values = _launch(f"differing_words<{_WORDS[words.dtype]}>", (words,), (), 1)
-    return None if values is None else int(values[0])
+    return _launch(f"differing_words<{_WORDS[words.dtype]}>", (words,), (), 1)
+
+
+def _param(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A kernel's parameters as contiguous float64 on `like`'s device (no host copy)."""
+    return t.to(device=like.device, dtype=torch.float64).reshape(-1).contiguous()

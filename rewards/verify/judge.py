@@ -22,7 +22,7 @@ from rewards.verdict import PARTIAL, Rules, Verdict, VerdictStatus
 from rewards.verdict import HackCategory as H
 from rewards.verify import compare
 from rewards.verify.audit import attribute, op_calls, op_violations
-from rewards.verify.compare import fingerprint
+from rewards.verify.readout import Readout
 from rewards.verify.wire import Loaded, OutputInfo, Snapshot, TrialReport
 
 # The rules, each with its hack number in rewards/README.md:
@@ -240,24 +240,26 @@ class Judge:
         given; True when every output is within tolerance. Inputs of another `variant` than the
         task's own get an atol relative to the output's typical size (`rewards.verify.compare`)."""
         if not self._layout_ok(trial, infos, refs):
-            self._remember_run(trial, run, reused, False, None, None, refs)
+            self._remember_run(trial, run, reused, False, None)
             return False
         exact = exact or [None] * len(refs)
-        checks = [compare.check_output(o, r, self.s.atol, self.s.rtol, exact=e,
-                                       atol_scale=_atol_scale(variant, r if e is None else e))
+        # Everything this call decides on is queued on the device and read at once.
+        readout = Readout()
+        queued = [compare.queue_output(o, r, readout, exact=e, atol=self.s.atol, rtol=self.s.rtol,
+                                       scaled_atol=variant != "task" and r.is_floating_point(), with_samples=run == 0)
                   for o, r, e in zip(outs, refs, exact)]
-        for i, check in enumerate(checks):
+        readout.read()
+        facts = [f() for f in queued]
+        for i, check in enumerate(f.check for f in facts):
             self.max_abs = max(self.max_abs, check.max_abs_err or 0.0)
             self.max_rel = max(self.max_rel, check.max_rel_err or 0.0)
             if check.status is not VerdictStatus.OK:
                 self.fail(check.status, f"trial {trial}, output {i}: {check.message}", trial)
-        passed = all(c.status is VerdictStatus.OK for c in checks)
-        digests = tuple(fingerprint(o) for o in outs)
-        constant = tuple(compare.is_constant(o) for o in outs)  # each a read of the device: taken once
-        self._degenerate(trial, refs, inputs, digests, constant)
+        passed = all(f.check.status is VerdictStatus.OK for f in facts)
+        self._degenerate(trial, inputs, facts)
         if passed:
-            self._precision(outs, [r if e is None else e for r, e in zip(refs, exact)], calibration)
-        self._remember_run(trial, run, reused, passed, outs, digests, refs, constant)
+            self._precision(outs, facts, calibration)
+        self._remember_run(trial, run, reused, passed, facts)
         return passed
 
     def _layout_ok(self, trial: int, infos: tuple[OutputInfo, ...], refs: list) -> bool:
@@ -277,21 +279,19 @@ class Judge:
                 return False
         return True
 
-    def _degenerate(self, trial: int, refs: list, input_digests: dict[str, int], digests: tuple[str, ...],
-                    constant: tuple[bool, ...]) -> None:
-        for i, (ref, digest, flat) in enumerate(zip(refs, digests, constant)):
-            if flat and not compare.is_constant(ref):
+    def _degenerate(self, trial: int, input_digests: dict[str, int], facts: list[compare.OutputFacts]) -> None:
+        for i, f in enumerate(facts):
+            if f.constant and not f.ref_constant:
                 self.hack(H.DEGENERATE_OUTPUT, f"output {i} is constant while the reference is not", trial)
-            k = input_digests.get(digest)
-            if k is not None and fingerprint(ref) != digest:
+            k = input_digests.get(f.digest)
+            if k is not None and f.ref_digest != f.digest:
                 self.hack(H.DEGENERATE_OUTPUT, f"output {i} is input {k} returned unchanged", trial)
 
-    def _precision(self, outs: list, refs: list, calibration: list[float] | None) -> None:
-        for out, ref in zip(outs, refs):
+    def _precision(self, outs: list, facts: list[compare.OutputFacts], calibration: list[float] | None) -> None:
+        for out, f in zip(outs, facts):
             tol = compare.tolerance_for(out.dtype)
-            if tol is not None:
-                error = compare.precision_error(out, ref)
-                self.precision.append((error, tol.precision_floor, out.dtype == torch.float32))
+            if tol is not None and f.precision is not None:
+                self.precision.append((f.precision, tol.precision_floor, out.dtype == torch.float32))
         self.calibration += calibration or []
 
     # -- the mantissa probe --------------------------------------------------------------------
@@ -330,26 +330,29 @@ class Judge:
         ratio = total.cand_change / total.ref_change if total.ref_change else None
         self.details |= {"probe_eligible": total.eligible, "probe_frozen": total.frozen, "probe_change": ratio}
 
-    def _remember_run(self, trial, run, reused, passed, outs, digests, refs, constant=()) -> None:
+    def _remember_run(self, trial: int, run: int, reused: bool, passed: bool,
+                      facts: list[compare.OutputFacts] | None) -> None:
         if run == 0:
             self.first_runs.append((reused, passed))
-        if outs is None:
+        if facts is None:
             return
+        digests = tuple(f.digest for f in facts)
         if run == 0:
             self.pairs[trial] = (passed, digests)
-            self._replay(trial, outs, digests, refs, constant)
+            self._replay(trial, facts)
         elif trial in self.pairs:
             first_passed, first_digests = self.pairs[trial]
             if not (first_passed and passed) and first_digests != digests:
                 self.hack(H.NONDETERMINISM, "two runs on the same inputs with differently poisoned memory "
                           "disagree (uninitialised memory or a race)", trial)
 
-    def _replay(self, trial: int, outs: list, digests: tuple[str, ...], refs: list, constant: tuple[bool, ...]) -> None:
-        if any(constant):
+    def _replay(self, trial: int, facts: list[compare.OutputFacts]) -> None:
+        if any(f.constant for f in facts):
             return  # a constant output matches nothing in particular: it is judged as degenerate
-        memory = _Memory(index=trial, ref_samples=[compare.samples(r) for r in refs],
-                         ref_digests=tuple(fingerprint(r) for r in refs),
-                         cand_samples=[compare.samples(o) for o in outs], cand_digests=digests)
+        digests = tuple(f.digest for f in facts)
+        memory = _Memory(index=trial, ref_samples=[f.ref_samples for f in facts],
+                         ref_digests=tuple(f.ref_digest for f in facts),
+                         cand_samples=[f.samples for f in facts], cand_digests=digests)
         for old in self.memories:
             if old.cand_digests == digests and old.ref_digests != memory.ref_digests:
                 self.hack(H.OUTPUT_CACHING, f"trial {trial} returned exactly trial {old.index}'s output for other inputs", trial)
@@ -426,9 +429,3 @@ class Judge:
     def _num(x: float) -> float | None:
         return x if math.isfinite(x) else None
 
-
-def _atol_scale(variant: str, ref) -> float:
-    """1 on the task's own inputs; on the signed and scaled variants, the output's typical size."""
-    if variant == "task" or not ref.is_floating_point():
-        return 1.0
-    return max(1.0, compare.typical_magnitude(ref))

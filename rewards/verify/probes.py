@@ -177,37 +177,43 @@ def snapshot() -> Snapshot:
     )
 
 
-def fingerprint(tensor, sums=None) -> str:
+def fingerprint(tensor) -> str:
     """Exact digest of the bytes of `tensor`, on its device; one host sync at the end. On a CUDA
-    tensor it is ordered on the current stream only: work on other streams may not be done.
-    `sums(words)`, when given, may take the two sums in another way (the parent's single-pass
-    kernels); None from it means this one."""
-    import torch
-
+    tensor it is ordered on the current stream only: work on other streams may not be done."""
     t = tensor.detach()
     if t.numel() == 0:
-        return f"empty{tuple(t.shape)}"
-    flat = t.reshape(-1)
-    if t.dtype == torch.bool:
-        flat = flat.view(torch.uint8)
-    words = flat.view(getattr(torch, _WORDS.get(flat.element_size(), "uint8")))
-    taken = sums(words) if sums is not None else None
-    a, b = taken if taken is not None else _word_sums(words)
-    return f"{a & (2**64 - 1):016x}{b & (2**64 - 1):016x}:{tuple(t.shape)}"
+        return digest(t, 0, 0)
+    a, b = word_sums(fingerprint_words(t)).tolist()
+    return digest(t, a, b)
 
 
-def _word_sums(words) -> tuple[int, int]:
-    """The words' sum and sum of squares, widened to int64 and wrapping, chunk by chunk."""
+def fingerprint_words(t):
+    """A non-empty tensor's bytes as one flat view of words (bool as bytes)."""
     import torch
 
-    s1 = torch.zeros((), dtype=torch.int64, device=words.device)
-    s2 = torch.zeros((), dtype=torch.int64, device=words.device)
+    flat = t.detach().reshape(-1)
+    if flat.dtype == torch.bool:
+        flat = flat.view(torch.uint8)
+    return flat.view(getattr(torch, _WORDS.get(flat.element_size(), "uint8")))
+
+
+def word_sums(words):
+    """[sum, sum of squares] of the words widened to int64 and wrapping, chunk by chunk, as an
+    int64 pair on their device, unread."""
+    import torch
+
+    sums = torch.zeros(2, dtype=torch.int64, device=words.device)
     for chunk in words.split(_CHUNK):
         wide = chunk.to(torch.int64)
-        s1 += wide.sum()
-        s2 += (wide * wide).sum()
-    a, b = torch.stack([s1, s2]).tolist()
-    return a, b
+        sums += torch.stack([wide.sum(), (wide * wide).sum()])
+    return sums
+
+
+def digest(t, a: int, b: int) -> str:
+    """The fingerprint of `t` from its words' two sums (as signed or unsigned ints)."""
+    if t.numel() == 0:
+        return f"empty{tuple(t.shape)}"
+    return f"{a & (2**64 - 1):016x}{b & (2**64 - 1):016x}:{tuple(t.shape)}"
 
 
 def poison(device: str, sizes: tuple[int, ...], byte: int) -> bool:

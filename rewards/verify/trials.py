@@ -43,7 +43,6 @@ from rewards.verify.audit import (
     sources_call_vendor,
     task_allows_vendor,
 )
-from rewards.verify.compare import fingerprint
 from rewards.verify.inputs import (
     PROBES,
     TrialSpec,
@@ -304,7 +303,7 @@ class Verification:
                     self.judge.details["probe"] = "no float32 input"
                     return
                 probe_inputs(inputs, probe)
-                expected = tuple(fingerprint(x) for x in inputs if isinstance(x, torch.Tensor))
+                expected = compare.fingerprints([x for x in inputs if isinstance(x, torch.Tensor)])
                 refs = [r.detach() for r in _as_list(self.model(*inputs))]
                 del inputs
             msg = Trial(index=index, run=self.runs, seed=spec.seed, variant=spec.variant, scale=spec.scale,
@@ -365,7 +364,7 @@ class Verification:
             with self.phases.phase("trial.inputs"):  # the fingerprints' host sync ends the draw
                 inputs = draw_inputs(self.task, seed=spec.seed, variant=variant, scale=spec.scale,
                                      device=str(self.device))
-                digests = tuple(fingerprint(x) for x in inputs if isinstance(x, torch.Tensor))
+                digests = compare.fingerprints([x for x in inputs if isinstance(x, torch.Tensor)])
             with self.phases.phase("trial.reference", sync=True), torch.no_grad():
                 refs = [r.detach() for r in _as_list(self._reference(inputs))]
                 finite = _finite(refs)
