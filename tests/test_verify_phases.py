@@ -219,3 +219,9 @@ def test_bench_summary_reports_phases_per_kind():
     kinds = summarize(records)["kinds"]
     assert "load" in kinds["verify"]["phases_ms"] and "load" not in kinds["profile"]["phases_ms"]
     assert kinds["profile"]["phases_ms"]["child"]["mean"] == pytest.approx(50.0)
+
+
+def test_the_parts_of_a_phase_are_not_added_again():
+    got = {"load": 2.0, "trial.judge": 10.0, "trial.judge.queue": 5.0, "trial.judge.read": 4.0, "child.load": 7.0,
+           "trial.inputs": 1.0}
+    assert top_level_ms(got) == 13.0

@@ -3,7 +3,7 @@
 On a CPU: queueing reads nothing and `Readout.read` reads once per device (counted with
 `bench.system.host_reads`); int64 values cross to the bit and floats keep NaN and -0.0; what
 `compare.queue_output` gives equals the plain functions, the device-side scaled atol included; a
-judged call reads once. On a GPU: queueing a whole comparison, with the kernels and with the torch
+judged call reads once and times its parts. On a GPU: queueing a whole comparison, with the kernels and with the torch
 versions, makes no synchronisation until the read (torch's sync debug mode raises on one).
 """
 
@@ -117,6 +117,7 @@ def test_a_judged_call_reads_once():
         assert judge.outputs(spec.index, 1, (info,), [out], [ref], {}, reused=False, exact=None, calibration=None,
                              variant=spec.variant)
     assert reads.total == 1  # run 1: no replay samples to look at on the host
+    assert set(judge.phases.ms) == {"trial.judge.queue", "trial.judge.read", "trial.judge.decide"}
 
 # -- on a GPU ---------------------------------------------------------------------------------------
 

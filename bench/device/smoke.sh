@@ -23,12 +23,19 @@ timeout ${SMOKE_S:-560} python3 -m agentcore.cli smoke --out $OUT/run $EXTRA > $
 SMOKE_PID=$!
 # PYSPY="60 240": at each of those seconds into the run, 20 s of the smoke process's Python stacks (py-spy, carried
 # in .device; collapsed stacks, one line per distinct stack with its sample count) and the machine's busiest
-# processes (top), to say where a slow phase's time goes.
+# processes (top), to say where a slow phase's time goes; for each GPU-queue worker, 10 s of its stacks with the
+# native frames and its threads' CPU (top -H).
 for t in ${PYSPY:-}; do
   ( sleep $t; pid=$(pgrep -f -n "agentcore.cli smoke --out $OUT/run") || exit 0
     top -b -n 1 -w 200 | head -45 > $OUT/top_$t.txt
     py-spy record --nonblocking --format raw --rate 20 --duration 20 --pid $pid -o $OUT/pyspy_$t.txt \
-      > $OUT/pyspy_$t.log 2>&1 ) &
+      > $OUT/pyspy_$t.log 2>&1 &
+    # the GPU queue's workers (verification lanes): their threads' CPU and their Python and native stacks
+    for w in $(pgrep -f "m rewards[.]queue[.]worker"); do
+      top -b -n 1 -H -w 200 -p $w | head -25 > $OUT/top_${t}_worker_$w.txt
+      py-spy record --nonblocking --native --format raw --rate 20 --duration 10 --pid $w \
+        -o $OUT/pyspy_${t}_worker_$w.txt > $OUT/pyspy_${t}_worker_$w.log 2>&1 &
+    done; wait ) &
 done
 wait $SMOKE_PID; echo "smoke rc $? at $((SECONDS-T0)) s"
 cp $OUT/run/metrics.jsonl $OUT/smoke_metrics.jsonl 2>/dev/null

@@ -21,6 +21,7 @@ apart, so every comparison passes and every check that a passing output gets run
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import time
 
@@ -29,7 +30,8 @@ import torch
 from bench.system.host_reads import HostReads
 from rewards.verify import compare, fused, probes
 from rewards.verify.inputs import plan_trials
-from rewards.verify.judge import Judge, JudgeSettings
+from rewards.verify.judge import JUDGE_PHASE, Judge, JudgeSettings
+from rewards.verify.phases import Phases
 from rewards.verify.wire import OutputInfo
 
 
@@ -51,7 +53,8 @@ def run(elements: int, device: str, trials: int, pairs: int, kernels: bool = Tru
 
 def _run(elements: int, device: str, trials: int, pairs: int) -> dict:
     plan = plan_trials(trials=trials, pairs=pairs, seed=1, poison=True, profile=True)
-    judge = Judge(JudgeSettings())
+    phases = Phases()
+    judge = Judge(JudgeSettings(), phases)
     gen = torch.Generator(device=device).manual_seed(0)
     # First calls load the kernels (and compile the fused ones), untimed.
     warm = torch.randn(elements, device=device)
@@ -61,6 +64,7 @@ def _run(elements: int, device: str, trials: int, pairs: int) -> dict:
     compare.is_constant(warm)
     del warm
     reads, seconds, calls = HostReads(device_only=device != "cpu"), 0.0, 0
+    cpu_start = time.process_time()
     for spec in plan:
         ref = torch.randn(elements, generator=gen, device=device)
         out = ref + 1e-7 * torch.randn(elements, generator=gen, device=device)
@@ -75,9 +79,25 @@ def _run(elements: int, device: str, trials: int, pairs: int) -> dict:
             calls += 1
             if not ok:
                 raise SystemExit(f"judge_reads: trial {spec.index} failed: {judge.evidence[-1].message}")
+    cpu_seconds = time.process_time() - cpu_start  # the untimed draws' launches included: a bound
+    split = {name.removeprefix(f"{JUDGE_PHASE}."): round(ms / calls, 2) for name, ms in phases.ms.items()}
     return {"device": device, "elements": elements, "chunk": compare.CHUNK, "chunks": -(-elements // compare.CHUNK),
             "calls": calls, "host_reads": reads.total, "host_reads_per_call": round(reads.total / calls, 1),
-            "by_name": dict(reads.by_name), "seconds": round(seconds, 3), "ms_per_call": round(1e3 * seconds / calls, 2)}
+            "by_name": dict(reads.by_name), "seconds": round(seconds, 3), "ms_per_call": round(1e3 * seconds / calls, 2),
+            "ms_per_call_by_part": split, "process_cpu_s": round(cpu_seconds, 3)}
+
+
+def blocking_sync(device: int) -> None:
+    """Before this process's first CUDA call: a host thread waiting for the GPU sleeps on a
+    semaphore instead of spinning on a core (the primary context's CU_CTX_SCHED_BLOCKING_SYNC,
+    which torch's context then has)."""
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    handle = ctypes.c_int()
+    set_flags = getattr(libcuda, "cuDevicePrimaryCtxSetFlags_v2", None) or libcuda.cuDevicePrimaryCtxSetFlags
+    for step, rc in (("cuInit", libcuda.cuInit(0)), ("cuDeviceGet", libcuda.cuDeviceGet(ctypes.byref(handle), device)),
+                     ("cuDevicePrimaryCtxSetFlags", set_flags(handle, 4))):  # 4: CU_CTX_SCHED_BLOCKING_SYNC
+        if rc:
+            raise SystemExit(f"judge_reads: {step} failed with CUDA error {rc}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -88,6 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trials", type=int, default=12)
     parser.add_argument("--pairs", type=int, default=2)
     parser.add_argument("--torch", action="store_true", help="also time the torch versions of the comparisons")
+    parser.add_argument("--blocking-sync", action="store_true",
+                        help="make this process sleep in the driver while it waits for the GPU, not spin")
     args = parser.parse_args(argv)
     if args.elements < 2 or args.chunk < 0:
         parser.error("--elements must be at least 2 and --chunk positive")
@@ -95,6 +117,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--device {args.device}: no CUDA device here")
     if args.chunk:
         compare.CHUNK = probes._CHUNK = args.chunk
+    if args.blocking_sync:
+        blocking_sync(torch.device(args.device).index or 0)
     result = run(args.elements, args.device, args.trials, args.pairs)
     if args.torch:
         slow = run(args.elements, args.device, args.trials, args.pairs, kernels=False)

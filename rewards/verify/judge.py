@@ -22,6 +22,7 @@ from rewards.verdict import PARTIAL, Rules, Verdict, VerdictStatus
 from rewards.verdict import HackCategory as H
 from rewards.verify import compare
 from rewards.verify.audit import attribute, op_calls, op_violations
+from rewards.verify.phases import Phases
 from rewards.verify.readout import Readout
 from rewards.verify.wire import Loaded, OutputInfo, Snapshot, TrialReport
 
@@ -69,6 +70,7 @@ PRECEDENCE = (
 STREAM_HINT = "launch every kernel on the stream the binding gets from c10::cuda::getCurrentCUDAStream()"
 REPLAY_CLOSER = 0.5  # closer to another trial's reference than this fraction of its own error
 REPLAY_MIN_GAP = 1e-3  # references must differ by this much (relative) for replay to be judged
+JUDGE_PHASE = "trial.judge"  # the verify job's phase of the parent's comparisons; outputs() splits it
 
 
 class Evidence(Struct, frozen=True, kw_only=True):
@@ -110,8 +112,11 @@ def _diff(base: Snapshot, now: Snapshot, field: str) -> list[str]:
 class Judge:
     """Evidence in, one Verdict out; the rules are listed above `PRECEDENCE`."""
 
-    def __init__(self, settings: JudgeSettings) -> None:
+    def __init__(self, settings: JudgeSettings, phases: Phases | None = None) -> None:
         self.s = settings
+        # Where a comparison's time goes: queueing the statistics (host work and kernel launches),
+        # the one read (waiting for the GPU), deciding (host work on what was read).
+        self.phases = phases if phases is not None else Phases()
         self.evidence: list[Evidence] = []
         self.error: Evidence | None = None
         self.baseline: Snapshot | None = None
@@ -245,11 +250,18 @@ class Judge:
         exact = exact or [None] * len(refs)
         # Everything this call decides on is queued on the device and read at once.
         readout = Readout()
-        queued = [compare.queue_output(o, r, readout, exact=e, atol=self.s.atol, rtol=self.s.rtol,
-                                       scaled_atol=variant != "task" and r.is_floating_point(), with_samples=run == 0)
-                  for o, r, e in zip(outs, refs, exact)]
-        readout.read()
-        facts = [f() for f in queued]
+        with self.phases.phase(f"{JUDGE_PHASE}.queue"):
+            queued = [compare.queue_output(o, r, readout, exact=e, atol=self.s.atol, rtol=self.s.rtol,
+                                           scaled_atol=variant != "task" and r.is_floating_point(),
+                                           with_samples=run == 0)
+                      for o, r, e in zip(outs, refs, exact)]
+        with self.phases.phase(f"{JUDGE_PHASE}.read"):
+            readout.read()
+        with self.phases.phase(f"{JUDGE_PHASE}.decide"):
+            return self._decide(trial, run, outs, [f() for f in queued], inputs, reused, calibration)
+
+    def _decide(self, trial: int, run: int, outs: list, facts: list[compare.OutputFacts], inputs: dict[str, int],
+                reused: bool, calibration: list[float] | None) -> bool:
         for i, check in enumerate(f.check for f in facts):
             self.max_abs = max(self.max_abs, check.max_abs_err or 0.0)
             self.max_rel = max(self.max_rel, check.max_rel_err or 0.0)

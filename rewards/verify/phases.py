@@ -8,9 +8,11 @@ interpreter's start-up, before any of our code ran).
 
 Naming (the target is each verify/profile job under 3 s; these say which part is over): top-level
 names ("spawn", "load", "trial.reference", ...) are disjoint intervals of the trusted side, so
-they sum to at most the handler's run time; names under "child." are the child's own account of
-its side (import, CUDA warm-up, build, per-run probes). They nest inside, or overlap with, the
-parent's "load" and "trial.candidate" waits and are not added to the top-level sum.
+they sum to at most the handler's run time; a name that extends a recorded one by a dot part
+("trial.judge.read" under "trial.judge") splits that interval further and is not added again.
+Names under "child." are the child's own account of its side (import, CUDA warm-up, build, per-run
+probes). They nest inside, or overlap with, the parent's "load" and "trial.candidate" waits and
+are not added to the top-level sum.
 
 What it is not: no timing of kernels (`rewards.timing.sampling`) and no policy. It never synchronizes
 unless asked, and callers only ask on the trusted side, never in the candidate child, where an
@@ -66,8 +68,15 @@ class Phases:
 
 
 def top_level_ms(phases_ms: Mapping[str, float]) -> float:
-    """Sum of the trusted side's disjoint phases (child phases overlap them)."""
-    return sum(ms for name, ms in phases_ms.items() if not name.startswith(CHILD))
+    """Sum of the trusted side's disjoint phases (child phases overlap them, and a phase's own
+    parts are inside it)."""
+    return sum(ms for name, ms in phases_ms.items()
+               if not name.startswith(CHILD) and not _refines(name, phases_ms))
+
+
+def _refines(name: str, phases_ms: Mapping[str, float]) -> bool:
+    parts = name.split(".")
+    return any(".".join(parts[:k]) in phases_ms for k in range(1, len(parts)))
 
 
 def process_age_ms() -> float:

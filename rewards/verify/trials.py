@@ -53,7 +53,7 @@ from rewards.verify.inputs import (
     probe_inputs,
     probed,
 )
-from rewards.verify.judge import Judge, JudgeSettings
+from rewards.verify.judge import JUDGE_PHASE, Judge, JudgeSettings
 from rewards.verify.phases import Phases
 from rewards.verify.probes import pin_precision
 from rewards.verify.wire import (
@@ -148,7 +148,7 @@ class Verification:
             seed = self.request.seed if self.request.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
             self.task = load_task(self.request.task_source)
             sources = self._sources()
-            self.judge = Judge(self._settings(sources))
+            self.judge = Judge(self._settings(sources), self.phases)
             self.judge.details |= {"mode": self.request.mode, "device": str(self.device)}
         if not self._load(derive_seed(seed, "init")):
             return self._verdict(trials=0)
@@ -280,7 +280,7 @@ class Verification:
                 outs = self._outputs(report)
             if outs is None:
                 return None
-            with self.phases.phase("trial.judge"):
+            with self.phases.phase(JUDGE_PHASE):
                 self.judge.outputs(spec.index, run, report.outputs, outs, refs, digests,
                                    reused=spec.reuse_buffers, exact=exact, calibration=calibration,
                                    variant=variant)
