@@ -114,3 +114,15 @@ def test_a_final_verifications_judging_reads_do_not_grow_with_chunks(small_chunk
     many = judge_reads.run(1 << 16, "cpu", trials=3, pairs=1)
     assert many["chunks"] == 64 and few["chunks"] == 4
     assert many["host_reads"] == few["host_reads"]
+
+
+def test_judge_reads_splits_a_call_into_the_judges_parts():
+    got = judge_reads.run(1 << 12, "cpu", trials=3, pairs=1)
+    assert set(got["ms_per_call_by_part"]) == {"queue", "read", "decide"} and got["process_cpu_s"] >= 0.0
+    assert got["host_reads_per_call"] > 0
+
+
+def test_judge_reads_sleeps_in_the_driver_only_on_cuda(capsys):
+    with pytest.raises(SystemExit):
+        judge_reads.main(["--blocking-sync"])
+    assert "only with --device cuda" in capsys.readouterr().err

@@ -91,7 +91,10 @@ def blocking_sync(device: int) -> None:
     """Before this process's first CUDA call: a host thread waiting for the GPU sleeps on a
     semaphore instead of spinning on a core (the primary context's CU_CTX_SCHED_BLOCKING_SYNC,
     which torch's context then has)."""
-    libcuda = ctypes.CDLL("libcuda.so.1")
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise SystemExit(f"judge_reads: --blocking-sync needs the CUDA driver: {exc}") from None
     handle = ctypes.c_int()
     set_flags = getattr(libcuda, "cuDevicePrimaryCtxSetFlags_v2", None) or libcuda.cuDevicePrimaryCtxSetFlags
     for step, rc in (("cuInit", libcuda.cuInit(0)), ("cuDeviceGet", libcuda.cuDeviceGet(ctypes.byref(handle), device)),
@@ -117,6 +120,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--device {args.device}: no CUDA device here")
     if args.chunk:
         compare.CHUNK = probes._CHUNK = args.chunk
+    if args.blocking_sync and not args.device.startswith("cuda"):
+        parser.error("--blocking-sync: only with --device cuda")
     if args.blocking_sync:
         blocking_sync(torch.device(args.device).index or 0)
     result = run(args.elements, args.device, args.trials, args.pairs)
