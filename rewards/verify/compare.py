@@ -3,7 +3,7 @@
 What it is: `check_output(out, ref)` (shape, dtype, non-finite values, elementwise tolerance),
 `precision_error(out, ref)` (how far below the reference's precision the output is),
 `mantissa_change(...)` (how an output follows the inputs' low mantissa bits, against the reference),
-`typical_magnitude(ref)` (the output's scale, for the atol of the input variants), and the
+the output's typical magnitude (its scale, for the atol of the input variants), and the
 primitives `rewards.verify.judge` uses to spot degenerate and replayed outputs (`is_constant`,
 `samples`, `mean_abs`, `spread`). Large tensors are processed in chunks, in float64, on their device.
 
@@ -35,8 +35,8 @@ The atol is KernelBench's for its own inputs. The "signed" and "scaled" input va
 of terms far larger than itself, and fp32 rounding of an honest sum is an absolute error on the
 scale of the whole output, which the "scaled" variant grows too (a K = 524,288 dot product with
 inputs scaled by 5, summed in order in fp32: error std 0.09, output median 4,200). On those
-variants the judge asks for `scaled_atol`: atol times max(1, `typical_magnitude(ref)`), so atol is
-relative to the output's typical size; the "task" variant keeps KernelBench's tolerance.
+variants the judge asks for `scaled_atol`: atol times max(1, the typical magnitude of ref), so atol
+is relative to the output's typical size; the "task" variant keeps KernelBench's tolerance.
 
 Every statistic stays on the device until it is read: `queue_output` queues all that the judge
 reads of one output (check, fingerprints, constancy, precision error, samples) on a
@@ -64,7 +64,6 @@ T = TypeVar("T")
 
 CHUNK = 1 << 24  # elements per step: float64 temporaries of 128 MiB
 SAMPLES = 4096
-_WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class Tolerance(Struct, frozen=True, kw_only=True):
@@ -213,13 +212,13 @@ def queue_check(out: torch.Tensor, ref: torch.Tensor, readout: Readout, atol: fl
     scale = _atol_scale(target) if scaled_atol else torch.ones((), dtype=torch.float64, device=target.device)
     limits = torch.stack([scale * tol.atol, torch.full_like(scale, tol.rtol)])  # [atol, rtol] on the device
     stats = fused.check_stats(out, target, limits)
-    stats = readout.add(stats if stats is not None else _float_stats(out, target, limits))
-    scale = readout.add(scale)
+    stats_at = readout.add(stats if stats is not None else _float_stats(out, target, limits))
+    limits_at = readout.add(limits)  # the message names the atol that was applied
 
     def check() -> Check:
-        nonfinite, mismatches, max_abs, max_rel = readout.floats(stats)
-        scaled = Tolerance(atol=tol.atol * readout.floats(scale)[0], rtol=tol.rtol, precision_floor=tol.precision_floor)
-        return _float_check(int(nonfinite), int(mismatches), max_abs, max_rel, target.numel(), scaled)
+        nonfinite, mismatches, max_abs, max_rel = readout.floats(stats_at)
+        applied = Tolerance(atol=readout.floats(limits_at)[0], rtol=tol.rtol, precision_floor=tol.precision_floor)
+        return _float_check(int(nonfinite), int(mismatches), max_abs, max_rel, target.numel(), applied)
 
     return check
 
@@ -290,17 +289,11 @@ def _scale(t: torch.Tensor) -> torch.Tensor:
     return torch.where(value > 0, value, 1.0)
 
 
-def typical_magnitude(t: torch.Tensor) -> float:
-    """Median |value| of `SAMPLES` evenly spaced finite elements: the scale of an output, which a
-    few outliers (a cumprod's first terms, a softmax's peak) cannot inflate; 0 if none is finite."""
-    values = samples(t).abs()
-    values = values[torch.isfinite(values)]
-    return float(values.median()) if values.numel() else 0.0
-
-
 def _atol_scale(t: torch.Tensor) -> torch.Tensor:
-    """max(1, `typical_magnitude(t)`) as a float64 scalar on `t`'s device, unread: the same median
-    (the lower one of an even count), with the non-finite values left out as NaN."""
+    """max(1, the typical magnitude of `t`) as a float64 scalar on `t`'s device, unread. The typical
+    magnitude is the median |value| of `samples(t)`'s finite elements (the lower middle one of an
+    even count; 0 if none is finite): the scale of an output, which a few outliers (a cumprod's
+    first terms, a softmax's peak) cannot inflate. Non-finite samples are left out as NaN."""
     if t.numel() == 0:
         return torch.ones((), dtype=torch.float64, device=t.device)
     values = _sampled(t).abs()

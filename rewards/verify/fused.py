@@ -246,6 +246,7 @@ def _launch(name: str, data: tuple[torch.Tensor, ...], params: tuple[torch.Tenso
         return None
     return acc
 
+
 def _pointer(cupy: Any, t: torch.Tensor) -> Any:
     """A CuPy view of `t`'s memory (no copy, no synchronisation); `t` keeps it alive."""
     memory = cupy.cuda.UnownedMemory(t.data_ptr(), t.numel() * t.element_size(), t, t.device.index)
