@@ -62,6 +62,17 @@ def compile_sum(payload, ctx):
     scale = float(payload.decode())
     out = torch.compile(lambda x: (x * scale + 1).sum())(torch.arange(8.0))
     return f"{inductor.compile_threads} {float(out)}".encode()
+
+def torch_threads(payload, ctx):
+    """torch's CPU threads in the worker, and in a child process it starts."""
+    import subprocess
+    import sys
+
+    import torch
+
+    child = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    return f"{torch.get_num_threads()} {child}".encode()
 '''
 
 
@@ -90,7 +101,7 @@ def config(tmp_path, outside_dir, monkeypatch) -> GpuQueueConfig:
         job_default_deadline_s=30.0,
         worker_start_timeout_s=30.0,
         handlers={"spawn": "queue_test_handlers:spawn", "shout": "queue_test_handlers:shout",
-                  "compile_sum": "queue_test_handlers:compile_sum",
+                  "compile_sum": "queue_test_handlers:compile_sum", "torch_threads": "queue_test_handlers:torch_threads",
                   "timed_sleep": "rewards.queue.jobs:sleep"},  # not a shared kind: has its GPU alone
     )
 
@@ -625,6 +636,29 @@ def test_a_long_lived_worker_compiles_in_one_thread_whatever_is_asked(config, tm
     env = worker_env(one_lane(config, compile_threads=8), 0, tmp_path)
     forked = worker_env(one_lane(config, compile_threads=8, fork_per_job=True), 0, tmp_path)
     assert (env["TORCHINDUCTOR_COMPILE_THREADS"], forked["TORCHINDUCTOR_COMPILE_THREADS"]) == ("1", "8")
+
+
+def test_workers_default_to_one_cpu_thread_unless_asked_or_set(config, tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    env = worker_env(config, 0, tmp_path)
+    assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"]) == ("1", "1")
+    assert worker_env(one_lane(config, cpu_threads=3, sandbox=True), 0, tmp_path)["OMP_NUM_THREADS"] == "3"
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")  # the user's own setting wins
+    assert worker_env(one_lane(config, cpu_threads=3, sandbox=True), 0, tmp_path)["OMP_NUM_THREADS"] == "5"
+
+
+@pytest.mark.parametrize("sandbox", [False, pytest.param(True, marks=needs_bwrap)])
+async def test_a_workers_torch_and_its_children_use_the_configured_cpu_threads(config, sandbox, monkeypatch):
+    """Lanes share the machine's cores: torch in a worker, and in the processes its jobs start,
+    runs `cpu_threads` threads, not one per core."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    lane = one_lane(config, sandbox=sandbox, cpu_threads=1, job_default_deadline_s=120.0)
+    async with GpuQueue(lane) as queue:
+        result = await queue.submit(job("torch_threads"))
+    assert result.status is JobStatus.OK, result.error[-500:]
+    assert result.value.decode() == "1 1"  # torch alone takes one per core (at most)
 
 
 @needs_bwrap

@@ -53,6 +53,12 @@ class GpuQueueConfig(Struct, frozen=True, kw_only=True):
     """Inductor's compile processes per job (TORCHINDUCTOR_COMPILE_THREADS). Above 1 only with
     `fork_per_job`: a long-lived worker would keep the pool's pipe to processes that the
     sandbox's stray reaper kills after each job; a forked child's pool goes with the child."""
+    cpu_threads: int = 1
+    """torch's CPU threads in each worker and its children (OMP_NUM_THREADS and MKL_NUM_THREADS,
+    unless the host environment sets them). The lanes of a machine share its cores and their CPU
+    work is small (a verdict's sample statistics); at torch's default of one thread per core,
+    every lane's idle OpenMP threads spin on the cores the others need, and a judged comparison
+    that takes 15 ms alone took 400 ms with four lanes at once."""
     preload: tuple[str, ...] = ()
     """Modules a worker imports once at start, e.g. ("torch",); importing must not init CUDA."""
     handlers: dict[str, str] = {}

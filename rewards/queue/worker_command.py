@@ -112,6 +112,8 @@ def worker_env(config: GpuQueueConfig, gpu: int, scratch: Path) -> dict[str, str
     # remembered per process, so a later CPU compile would include a deleted file.
     env["TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"] = "0"
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.setdefault(name, str(config.cpu_threads))
     env |= config.env
     # The worker runs `-m rewards.queue.worker`: make this very project importable whether or not it
     # is pip-installed (a checkout run with PYTHONPATH, as on the GPU machines).
