@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -154,6 +156,39 @@ def test_the_environment_can_turn_the_kernels_off(monkeypatch):
     monkeypatch.setenv("CUDA_AGENT_FUSED_COMPARE", "0")
     assert fused.check_stats(a, a, limits) is None
     assert compare.check_output(a, a.clone()).status.name == "OK"
+
+
+def test_the_profile_child_keeps_the_kernels_off():
+    """A profile job's child is a fresh process per job: its two after-timing checks take the
+    torch versions instead of compiling the kernels (~1 s) each time."""
+    script = ("import os, sys\n"
+              "from rewards.timing import profile_child\n"
+              "from rewards.verify import fused\n"
+              "before = fused._KERNELS.off\n"
+              "request, unused = os.pipe()\n"
+              "os.close(unused)  # no parent: the child's first read finds the pipe closed and returns\n"
+              "_, reply = os.pipe()\n"
+              "code = profile_child.main(['--read-fd', str(request), '--write-fd', str(reply)])\n"
+              "print(before, fused._KERNELS.off, code)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "True", "0"]
+
+
+@cuda
+@pytest.mark.gpu
+def test_kept_off_a_process_compares_with_torch_and_compiles_nothing():
+    script = ("import torch\n"
+              "from rewards.verify import compare, fused\n"
+              "fused.keep_off()\n"
+              "a = torch.randn(fused.MIN_ELEMENTS + 1, device='cuda')\n"
+              "limits = torch.tensor([1e-2, 1e-2], dtype=torch.float64, device='cuda')\n"
+              "print(fused.check_stats(a, a, limits), compare.check_output(a, a + 1).status.name, fused._KERNELS.module)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["None", "WRONG_OUTPUT", "None"]
 
 
 @cuda

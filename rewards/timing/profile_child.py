@@ -43,7 +43,7 @@ from rewards.timing import baselines, headroom
 from rewards.timing.baselines import measure_model
 from rewards.timing.paired_timer import PairedCall, measure_paired
 from rewards.timing.profile import TimeCandidate, Timed, TimePaired, time_request_decoder
-from rewards.verify import probes
+from rewards.verify import fused, probes
 from rewards.verify.candidate import _as_list, _die_with_parent, build_model, describe_exception
 from rewards.verify.inputs import load_task
 from rewards.verify.precision import policy, precision_flags
@@ -217,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _die_with_parent()
     lock_file_size()
+    fused.keep_off()  # its after-timing check's two comparisons: the torch versions, nothing to compile
     pipe = Pipe(args.read_fd, args.write_fd)
     try:
         msg = pipe.receive(time_request_decoder)

@@ -175,11 +175,12 @@ NAMES = (
 
 
 class _Kernels:
-    """The compiled module, per process; `broken` once a compile or launch failed here."""
+    """The compiled module, per process; `off` once a compile or launch failed here, or the
+    process chose the torch versions (`keep_off`)."""
 
     def __init__(self) -> None:
         self.module: Any = None
-        self.broken = False
+        self.off = False
 
     def function(self, name: str) -> Any:
         import cupy
@@ -189,12 +190,20 @@ class _Kernels:
         return self.module.get_function(name)
 
     def disable(self, error: BaseException) -> None:
-        self.broken = True
+        self.off = True
         logger.warning("fused comparisons off in this process, comparing with torch: %s: %s",
                        type(error).__name__, str(error).splitlines()[0] if str(error) else "")
 
 
 _KERNELS = _Kernels()
+
+
+def keep_off() -> None:
+    """Compare with the torch versions for the rest of this process, and compile nothing. For a
+    short-lived process with few comparisons, such as the profile job's child: a fresh process
+    compiles the kernels through NVRTC (~1 s; CuPy's disk cache lives in the job's scratch, emptied
+    after each job), where the torch versions of its two checks take milliseconds."""
+    _KERNELS.off = True
 
 
 @functools.cache
@@ -211,8 +220,8 @@ def _cupy() -> Any:
 def applies(*tensors: torch.Tensor, kinds: dict = _FLOATS) -> bool:
     """Whether the kernels take these tensors: CUDA, one device, contiguous, at least
     `MIN_ELEMENTS` values each (the same count), dtypes with a kernel, CuPy importable, and not
-    turned off (`CUDA_AGENT_FUSED_COMPARE=0`)."""
-    if _KERNELS.broken or not tensors or os.environ.get("CUDA_AGENT_FUSED_COMPARE", "1") == "0":
+    turned off (`keep_off`, a failure, `CUDA_AGENT_FUSED_COMPARE=0`)."""
+    if _KERNELS.off or not tensors or os.environ.get("CUDA_AGENT_FUSED_COMPARE", "1") == "0":
         return False
     first = tensors[0]
     if first.device.type != "cuda" or first.numel() < MIN_ELEMENTS:
