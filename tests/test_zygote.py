@@ -5,6 +5,9 @@ channel fds at their numbers and nothing else, the worker's resource limits), ti
 close kill the child's group, a dead zygote is restarted and a zygote that cannot start means
 spawn. The child's import phase is zero: the zygote imported everything once, and paid a first
 torch.compile's imports and hashes without CUDA, threads or files; its children still compile.
+With a spare child (CUDA_AGENT_SPARE_CHILD=1) the next request goes to a child forked ahead, the
+next spare comes when a child exits, the sandboxed worker's reaper spares it, and a spare that
+died means a forked child; on a GPU the spare made its CUDA context before its request.
 """
 
 from __future__ import annotations
@@ -105,7 +108,8 @@ def _ppid(pid: int) -> int:
 
 
 def _zygote_pid() -> int:
-    (pid,) = zygote.spared_pids()
+    pid = zygote._current.process.pid
+    assert pid in zygote.spared_pids()
     return pid
 
 
@@ -204,6 +208,72 @@ def test_a_killed_zygote_is_restarted(tmp_path):
     verdict = verify(tmp_path / "b", HONEST, "zygote")
     assert verdict.ok, verdict
     assert _zygote_pid() != first and verdict.phases_ms["child.import"] == 0.0
+
+
+@pytest.fixture
+def spares(monkeypatch):
+    """A zygote that keeps a spare child (the environment is the zygote's: `launch` starts one)."""
+    monkeypatch.setenv(zygote_server.SPARE_ENV, "1")
+    yield
+    zygote.shutdown()
+
+
+def _spare() -> int:
+    return zygote._current.spare
+
+
+def test_the_spare_takes_the_next_request_and_the_next_spare_comes_when_its_child_exits(tmp_path, spares):
+    first = CandidateProcess(tmp_path, launcher="zygote")
+    first.start()  # starts the zygote, whose Ready names its first spare
+    spare = first.process.pid
+    assert _ppid(spare) == _zygote_pid() and os.getpgid(spare) == spare
+    assert _spare() == 0 and zygote.spared_pids() == {_zygote_pid()}  # taken: none waits while a child runs
+    first.close()
+    after = _spare()
+    assert after not in (0, spare) and not _gone(after) and zygote.spared_pids() == {_zygote_pid(), after}
+    second = CandidateProcess(tmp_path, launcher="zygote")
+    second.start()
+    assert second.process.pid == after
+    second.close()
+
+
+def test_a_spares_child_gives_the_verdict_and_says_what_it_paid_ahead(tmp_path, spares):
+    for k, (text, status) in enumerate([(HONEST, VerdictStatus.OK), (CACHING, VerdictStatus.HACK)]):
+        verdict = verify(tmp_path / str(k), text, "zygote")
+        assert verdict.status is status, verdict
+        assert verdict.phases_ms["child.interpreter"] == 0.0 and verdict.phases_ms["child.import"] == 0.0
+        assert verdict.phases_ms["child.spare_warm_up"] >= 0.0
+
+
+def test_a_spare_that_died_waiting_means_a_forked_child(tmp_path, spares):
+    assert verify(tmp_path / "a", HONEST, "zygote").ok  # the zygote, and a spare after the job's child
+    dead = _spare()
+    os.kill(dead, signal.SIGKILL)
+    assert _wait_for(lambda: _gone(dead))  # a zombie of the zygote's until the next request reaps it
+    child = CandidateProcess(tmp_path, launcher="zygote")
+    child.start()
+    try:
+        assert child.process.pid != dead and _ppid(child.process.pid) == _zygote_pid()
+    finally:
+        child.close()
+    assert _gone(dead) and _spare() not in (0, dead)
+    assert verify(tmp_path / "b", HONEST, "zygote").ok
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_spare_makes_its_cuda_context_ahead_and_its_child_verifies_on_the_gpu(tmp_path, spares):
+    def on_gpu(name: str, text: str):
+        cand = tmp_path / name / "candidate"
+        cand.mkdir(parents=True)
+        (cand / "model_new.py").write_text(text)
+        config = VerifyConfig(allow_torch_compute=True, child_launcher="zygote")
+        return run_verification(VerifyRequest(task_source=TASK, device="cuda", seed=5, config=config),
+                                work_dir=tmp_path / name)
+
+    verdicts = [on_gpu("honest", HONEST), on_gpu("caching", CACHING)]
+    assert [v.status for v in verdicts] == [VerdictStatus.OK, VerdictStatus.HACK], verdicts
+    assert all(v.phases_ms["child.spare_warm_up"] > 0.0 for v in verdicts)  # a context was made ahead
 
 
 def test_a_zygote_that_cannot_start_means_spawn(tmp_path, monkeypatch, caplog):
@@ -404,9 +474,11 @@ def test_profile_child_through_the_zygote_fails_the_same_way(tmp_path):
     assert phases.as_dict()["child.import"] == 0.0 and zygote.spared_pids()
 
 
-def test_sandboxed_worker_keeps_its_zygote_from_job_to_job(tmp_path):
+@pytest.mark.parametrize("spare", [False, True], ids=["fork", "spare"])
+def test_sandboxed_worker_keeps_its_zygote_from_job_to_job(tmp_path, spare):
     """The worker's stray reaper (bwrap pid namespace) spares the zygote: both jobs' children
-    have the same parent, and the second one imported nothing."""
+    have the same parent, and the second one imported nothing. With a spare child, the spare
+    forked after the first job survives the reaper and runs the second."""
     from rewards.queue.gpu_queue import GpuQueue, GpuQueueConfig
 
     ws = tmp_path / "ws"
@@ -416,7 +488,7 @@ def test_sandboxed_worker_keeps_its_zygote_from_job_to_job(tmp_path):
     config = VerifyConfig(allow_torch_compute=True, child_launcher="zygote")
     request = VerifyRequest(task_source=TASK, device="cpu", seed=5, so_path=so_name, config=config)
     queue_config = GpuQueueConfig(gpus=(0,), sandbox=True, scratch_root=str(tmp_path / "scratch"),
-                                  job_default_deadline_s=300.0)
+                                  job_default_deadline_s=300.0, env={zygote_server.SPARE_ENV: "1"} if spare else {})
 
     async def submit_twice():
         async with GpuQueue(queue_config) as queue:
@@ -428,3 +500,4 @@ def test_sandboxed_worker_keeps_its_zygote_from_job_to_job(tmp_path):
     assert all(v.status is VerdictStatus.RUNTIME_ERROR for v in verdicts), verdicts
     assert parents[0] == parents[1]
     assert verdicts[1].phases_ms["child.import"] == 0.0
+    assert ("child.spare_warm_up" in verdicts[1].phases_ms) == spare

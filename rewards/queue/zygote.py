@@ -23,7 +23,8 @@ How it is used (trusted side, `rewards.verify.verifier.CandidateProcess` with `l
     os.killpg(process.pid, signal.SIGKILL); process.wait()
 A zygote that died or was killed is restarted at the next `launch`; if it cannot be (re)started,
 `launch` raises ZygoteError and the caller spawns the child instead. `spared_pids()` lists the
-live zygote so the sandboxed worker's stray reaper leaves it alone.
+live zygote and its spare child (rewards.queue.zygote_server) so that the sandboxed worker's stray
+reaper leaves them alone.
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ class Zygote:
         self.sock: socket.socket | None = None
         self.exits: dict[int, int] = {}
         self.live: set[int] = set()  # forked children without an exit status yet
+        self.spare = 0  # the zygote's spare child waiting for a request (rewards.queue.zygote_server); 0: none
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> Ready:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -115,6 +117,7 @@ class Zygote:
         if not isinstance(ready, Ready) or ready.cuda_initialized:
             self.close()
             raise ZygoteError(f"the zygote did not come up clean: {ready}")
+        self.spare = ready.spare_pid
         return ready
 
     @property
@@ -135,6 +138,8 @@ class Zygote:
         if isinstance(reply, Failed):
             raise ZygoteError(f"the zygote could not fork: {reply.error}")
         self.live.add(reply.pid)
+        if reply.pid == self.spare:  # the spare took the request: no longer one to spare
+            self.spare = 0
         return ForkedProcess(self, reply.pid, [module, *args])
 
     def exit_code(self, pid: int, timeout_s: float | None) -> int | None:
@@ -169,6 +174,7 @@ class Zygote:
             reply = reply_decoder.decode(data)
             if isinstance(reply, Exited):
                 self.exits[reply.pid] = reply.code
+                self.spare = reply.spare_pid or self.spare
             if isinstance(reply, until):
                 return reply
 
@@ -182,7 +188,7 @@ class Zygote:
             self.process.wait()
         if self.sock is not None:
             self.sock.close()
-        self.process, self.sock = None, None
+        self.process, self.sock, self.spare = None, None, 0
         self.exits.update({pid: -signal.SIGKILL for pid in self.live})
         self.live.clear()
 
@@ -230,9 +236,11 @@ def launch(module: str, args: Sequence[str], *, cwd, env: Mapping[str, str], log
 
 
 def spared_pids() -> set[int]:
-    """The live zygote's pid, for the sandboxed worker's stray reaper."""
+    """The live zygote's pid and its spare child's, for the sandboxed worker's stray reaper."""
     zygote = _current
-    return {zygote.process.pid} if zygote is not None and zygote.alive else set()
+    if zygote is None or not zygote.alive:
+        return set()
+    return {zygote.process.pid} | ({zygote.spare} if zygote.spare else set())
 
 
 def shutdown() -> None:

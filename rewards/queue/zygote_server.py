@@ -13,6 +13,14 @@ limits and runs the module's `main(argv)`, exactly what `python -m <module> <arg
 child's exit is reported back as `Exited`. This module also owns that wire protocol (the Structs
 below), which both sides share.
 
+With CUDA_AGENT_SPARE_CHILD=1 in its environment the zygote keeps one spare: a child forked
+ahead of the next request, which makes its CUDA context (`_spare_warm_up`, part of each job's
+child otherwise) and then waits for a `Fork`; the next request is handed to it instead of forked.
+The next spare is forked when a child exits, not while one runs: its context is not made beside
+a child's timed calls. A spare runs no code of any job before its own, and its pid travels in
+`Ready.spare_pid` and `Exited.spare_pid` so that the sandboxed worker's stray reaper spares it. A
+spare that died waiting is reaped and the request forked as without one.
+
 What it is not: the trusted client (`launch`, `Zygote`, `ForkedProcess` live in rewards.queue.zygote),
 and it never sees candidate code, the hidden seed or trusted tensors: it only holds imported
 modules. It never initialises CUDA and refuses to fork if something has.
@@ -53,8 +61,13 @@ which initialises the CUDA driver (cuInit) and so spoils every later fork. `devi
 with NVML before CUDA is initialised anyway; torch falls back to cudaGetDeviceCount only where NVML
 fails (no libnvidia-ml, MIG UUIDs in CUDA_VISIBLE_DEVICES), which `main` then catches."""
 WARM_UP_TOUCHED_CUDA = "the compile warm-up touched the CUDA driver; restarted without it"
+SPARE_ENV = "CUDA_AGENT_SPARE_CHILD"
+"""Set to 1 in the worker's environment (and so the zygote's), the zygote keeps a spare child. Off
+by default: each lane then holds an idle CUDA context (a few hundred MiB of GPU memory) between
+jobs; `python -m bench.system.gpu_queue --real-jobs` measures what it saves."""
 PRELOAD = ("torch", "torch._dynamo", "torch.profiler", "rewards.verify.candidate", "rewards.timing.profile_child")
 CHILD_MODULES = ("rewards.verify.candidate", "rewards.timing.profile_child")
+_WORKER_NVML: dict[str, str | None] = {}  # NVML_CHECK's names as the worker's environment had them
 MAX_MESSAGE = 1 << 18  # one Fork: argv, env, limits (a few KiB)
 MAX_FDS = 16
 
@@ -78,6 +91,7 @@ class Ready(Struct, frozen=True, kw_only=True, tag="ready"):
     cuda_initialized: bool
     warm_up_ms: float = 0.0
     warm_up_error: str = ""  # the warm-up failed, left threads or touched CUDA: children compile cold
+    spare_pid: int = 0  # the spare child waiting for the first request; 0: none
 
 
 class Forked(Struct, frozen=True, kw_only=True, tag="forked"):
@@ -91,6 +105,7 @@ class Failed(Struct, frozen=True, kw_only=True, tag="failed"):
 class Exited(Struct, frozen=True, kw_only=True, tag="exited"):
     pid: int
     code: int  # as Popen.returncode: negative for a signal
+    spare_pid: int = 0  # a spare forked on this exit; 0: none
 
 
 encode = msgspec.msgpack.encode
@@ -112,8 +127,59 @@ def _die_with(parent_pid: int) -> None:
         os._exit(1)
 
 
-def serve(sock: socket.socket) -> int:
-    """Fork on each request, report each child's exit; return when the worker closes the socket."""
+class Spare:
+    """A child forked ahead of its request: it makes its CUDA context, then waits on its own
+    socket for the `Fork` that `hand` passes it with its fds."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        zygote_pid = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            _run_spare(theirs, sock, zygote_pid)
+        theirs.close()
+        try:
+            os.setpgid(pid, pid)
+        except OSError:
+            pass
+        self.pid, self.sock, self.reaped = pid, ours, False
+
+    def waiting(self) -> bool:
+        """Alive and not yet handed a request; a spare that died is reaped here."""
+        try:
+            done, _ = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            done = self.pid
+        self.reaped = done != 0
+        return not self.reaped
+
+    def hand(self, data: bytes, fds: list[int]) -> bool:
+        """Pass the request on; False when the spare is gone (the caller forks instead)."""
+        try:
+            socket.send_fds(self.sock, [data], fds)
+            return True
+        except OSError:
+            return False
+        finally:
+            self.sock.close()
+
+    def discard(self) -> None:
+        self.sock.close()
+        if self.reaped:  # its pid may be another process's by now
+            return
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except (OSError, ChildProcessError):
+            pass
+
+
+def serve(sock: socket.socket, spare: Spare | None = None) -> int:
+    """Fork on each request (or hand it to the spare), report each child's exit (forking the
+    next spare then); return when the worker closes the socket."""
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)
     children: dict[int, int] = {}  # pidfd -> pid
@@ -124,15 +190,30 @@ def serve(sock: socket.socket) -> int:
                 poller.unregister(fd)
                 os.close(fd)
                 _, status = os.waitpid(pid, 0)
-                sock.send(encode(Exited(pid=pid, code=os.waitstatus_to_exitcode(status))))
+                if spare is None and os.environ.get(SPARE_ENV) == "1":
+                    spare = Spare(sock)
+                    fresh = spare.pid
+                else:
+                    fresh = 0
+                sock.send(encode(Exited(pid=pid, code=os.waitstatus_to_exitcode(status), spare_pid=fresh)))
                 continue
             try:
                 data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
             except OSError:
                 data, fds = b"", []
             if not data:
+                if spare is not None:
+                    spare.discard()
                 return 0
-            reply = _fork(data, fds, sock)
+            if spare is not None and spare.waiting() and _acceptable(data, fds) and spare.hand(data, fds):
+                for fd in fds:
+                    os.close(fd)
+                reply, spare = Forked(pid=spare.pid), None
+            else:
+                if spare is not None:
+                    spare.discard()
+                    spare = None
+                reply = _fork(data, fds, sock)
             if isinstance(reply, Forked):
                 pidfd = os.pidfd_open(reply.pid)
                 children[pidfd] = reply.pid
@@ -140,10 +221,19 @@ def serve(sock: socket.socket) -> int:
             sock.send(encode(reply))
 
 
+def _acceptable(data: bytes, fds: list[int]) -> bool:
+    """A request a child may run: one of CHILD_MODULES, its fds all there."""
+    try:
+        request = request_decoder.decode(data)
+    except msgspec.DecodeError:
+        return False
+    return request.module in CHILD_MODULES and len(fds) == 1 + len(request.pass_fds)
+
+
 def _fork(data: bytes, fds: list[int], sock: socket.socket) -> Forked | Failed:
     try:
         request = request_decoder.decode(data)
-        if request.module not in CHILD_MODULES or len(fds) != 1 + len(request.pass_fds):
+        if not _acceptable(data, fds):
             return Failed(error=f"bad request: {request.module}, {len(fds)} fds")
         if _cuda_touched():  # a forked child would share the context, or could not make its own
             return Failed(error="CUDA is initialised in the zygote")
@@ -169,8 +259,49 @@ def _fork(data: bytes, fds: list[int], sock: socket.socket) -> Forked | Failed:
 # The forked child.
 
 
-def _run_child(request: Fork, fds: list[int], sock: socket.socket, zygote_pid: int) -> None:
-    """In the forked child: become what `python -m module args` would be, run it, exit."""
+def _run_spare(sock: socket.socket, zygote_sock: socket.socket, zygote_pid: int) -> None:
+    """In a spare: its own group, dying with the zygote; make the CUDA context, then wait for
+    the request and run it as a forked child would; exit without a request (the zygote closed
+    the socket, or is gone)."""
+    try:
+        os.setpgid(0, 0)
+        _die_with(zygote_pid)
+        zygote_sock.detach()  # closed with the rest once the request's fds are placed
+        warm_ms = _spare_warm_up()
+        data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
+        if not data:
+            os._exit(0)
+        startup = {"interpreter": 0.0, "import": 0.0, "spare_warm_up": warm_ms}
+        _run_child(request_decoder.decode(data), fds, sock, zygote_pid, startup=startup)
+    except BaseException:  # noqa: BLE001 - a spare that failed before its request ends here
+        traceback.print_exc()
+    os._exit(1)
+
+
+def _spare_warm_up() -> float:
+    """The CUDA context a child would make first, made ahead (nothing where torch sees no GPU);
+    milliseconds. Its environment is the worker's again first (`preload` added NVML_CHECK), as a
+    forked child's is when it initialises CUDA."""
+    start = time.perf_counter()
+    for name, value in _WORKER_NVML.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    torch = sys.modules["torch"]
+    try:
+        if torch.cuda.is_available():
+            torch.zeros(1, device="cuda")
+            torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - the job's child makes its context itself then
+        traceback.print_exc()
+    return (time.perf_counter() - start) * 1e3
+
+
+def _run_child(request: Fork, fds: list[int], sock: socket.socket, zygote_pid: int,
+               startup: dict[str, float] | None = None) -> None:
+    """In the forked child: become what `python -m module args` would be, run it, exit.
+    `startup`: the child's own account of its start (a spare's: what it paid ahead)."""
     code = 1
     try:
         os.setpgid(0, 0)
@@ -189,7 +320,7 @@ def _run_child(request: Fork, fds: list[int], sock: socket.socket, zygote_pid: i
 
         # The child's own account (rewards.verify.phases): its process is new, its imports free.
         module._STARTUP_MS.clear()
-        module._STARTUP_MS.update({"interpreter": process_age_ms(), "import": 0.0})
+        module._STARTUP_MS.update(startup or {"interpreter": process_age_ms(), "import": 0.0})
         sys.argv = [module.__file__, *request.args]
         code = module.main(list(request.args))
     except SystemExit as exc:
@@ -318,6 +449,7 @@ def preload(warm_up: bool = True) -> tuple[float, str]:
     False), NVML shut down again (`_release_nvml`), the collector's view frozen. Returns the
     warm-up's ms and error. The forked children do not keep NVML_CHECK: `_run_child` gives each
     exactly the worker's environment, as a spawned child has, and a child initialises CUDA anyway."""
+    _WORKER_NVML.update({name: os.environ.get(name) for name in NVML_CHECK})
     os.environ.update(NVML_CHECK)
     for name in PRELOAD:
         importlib.import_module(name)
@@ -341,9 +473,12 @@ def main(argv: list[str] | None = None) -> int:
     if cuda_initialized and warm_up:  # the warm-up may be to blame: try once without it
         _restart(args.socket_fd, args.parent_pid, WARM_UP_TOUCHED_CUDA)
     sock = socket.socket(fileno=args.socket_fd)
-    sock.send(encode(Ready(pid=os.getpid(), threads=_threads(), cuda_initialized=cuda_initialized,
-                           warm_up_ms=warm_up_ms, warm_up_error=warm_up_error or args.warm_up_failed)))
-    return serve(sock)
+    threads = _threads()
+    spare = Spare(sock) if os.environ.get(SPARE_ENV) == "1" and not cuda_initialized else None
+    sock.send(encode(Ready(pid=os.getpid(), threads=threads, cuda_initialized=cuda_initialized,
+                           warm_up_ms=warm_up_ms, warm_up_error=warm_up_error or args.warm_up_failed,
+                           spare_pid=spare.pid if spare is not None else 0)))
+    return serve(sock, spare)
 
 
 def _restart(socket_fd: int, parent_pid: int, reason: str) -> None:
