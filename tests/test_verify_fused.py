@@ -158,6 +158,14 @@ def test_the_environment_can_turn_the_kernels_off(monkeypatch):
     assert compare.check_output(a, a.clone()).status.name == "OK"
 
 
+def _fresh_process(script: str) -> list[str]:
+    """What `script` prints in a new interpreter (nothing compiled or turned off yet), word by word."""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.split()
+
+
 def test_the_profile_child_keeps_the_kernels_off():
     """A profile job's child is a fresh process per job: its two after-timing checks take the
     torch versions instead of compiling the kernels (~1 s) each time."""
@@ -170,10 +178,7 @@ def test_the_profile_child_keeps_the_kernels_off():
               "_, reply = os.pipe()\n"
               "code = profile_child.main(['--read-fd', str(request), '--write-fd', str(reply)])\n"
               "print(before, fused._KERNELS.off, code)\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).resolve().parent.parent)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["False", "True", "0"]
+    assert _fresh_process(script) == ["False", "True", "0"]
 
 
 @cuda
@@ -185,10 +190,7 @@ def test_kept_off_a_process_compares_with_torch_and_compiles_nothing():
               "a = torch.randn(fused.MIN_ELEMENTS + 1, device='cuda')\n"
               "limits = torch.tensor([1e-2, 1e-2], dtype=torch.float64, device='cuda')\n"
               "print(fused.check_stats(a, a, limits), compare.check_output(a, a + 1).status.name, fused._KERNELS.module)\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).resolve().parent.parent)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["None", "WRONG_OUTPUT", "None"]
+    assert _fresh_process(script) == ["None", "WRONG_OUTPUT", "None"]
 
 
 @cuda
