@@ -177,9 +177,9 @@ class Spare:
             pass
 
 
-def serve(sock: socket.socket, spare: Spare | None = None) -> int:
+def serve(sock: socket.socket, spare: Spare | None = None, keep_spare: bool = False) -> int:
     """Fork on each request (or hand it to the spare), report each child's exit (forking the
-    next spare then); return when the worker closes the socket."""
+    next spare then, with `keep_spare`); return when the worker closes the socket."""
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)
     children: dict[int, int] = {}  # pidfd -> pid
@@ -190,7 +190,7 @@ def serve(sock: socket.socket, spare: Spare | None = None) -> int:
                 poller.unregister(fd)
                 os.close(fd)
                 _, status = os.waitpid(pid, 0)
-                if spare is None and os.environ.get(SPARE_ENV) == "1":
+                if spare is None and keep_spare:
                     spare = Spare(sock)
                     fresh = spare.pid
                 else:
@@ -474,11 +474,12 @@ def main(argv: list[str] | None = None) -> int:
         _restart(args.socket_fd, args.parent_pid, WARM_UP_TOUCHED_CUDA)
     sock = socket.socket(fileno=args.socket_fd)
     threads = _threads()
-    spare = Spare(sock) if os.environ.get(SPARE_ENV) == "1" and not cuda_initialized else None
+    keep_spare = os.environ.get(SPARE_ENV) == "1" and not cuda_initialized
+    spare = Spare(sock) if keep_spare else None
     sock.send(encode(Ready(pid=os.getpid(), threads=threads, cuda_initialized=cuda_initialized,
                            warm_up_ms=warm_up_ms, warm_up_error=warm_up_error or args.warm_up_failed,
                            spare_pid=spare.pid if spare is not None else 0)))
-    return serve(sock, spare)
+    return serve(sock, spare, keep_spare)
 
 
 def _restart(socket_fd: int, parent_pid: int, reason: str) -> None:
