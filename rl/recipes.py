@@ -58,7 +58,12 @@ def smoke() -> TrainConfig:
         # Two PPO batches must move the policy enough to show in greedy decoding: one update per
         # batch at actor lr 2e-6 left 17 of 17 held-out answers unchanged in two of three seeds
         # (H200). Four clipped updates per batch at 1e-5 reuse each batch's rollouts, the slow part.
-        ppo=PPOConfig(token_budget=16384, updates_per_batch=4),
+        # lam 1: each action's advantage is the sample's reward minus the critic's value there.
+        # The code is written in one turn of ~1,150 tokens followed by ~56 action tokens of later
+        # turns; at lam 0.95 the reward reached the write turn's last token with weight 0.057 at
+        # the median and its first with ~1e-24 (288 PPO samples of the learning benchmark, H200),
+        # so the code learned only the critic's token-to-token differences.
+        ppo=PPOConfig(token_budget=16384, updates_per_batch=4, lam=1.0),
         # rft sees every training teacher (66: each trained op at three shapes) at a higher rate
         # falling linearly: greedy held-out write turns after it were right for 10 of 17 (9 of 9 new
         # shapes and compositions, 1 of 8 unseen ops; `bench.system.rft_probe`, H200). Sixteen

@@ -20,6 +20,7 @@ from rl.learner.update import (
     advantages_and_returns,
     compute_values,
     ppo_step,
+    reward_reach,
     sft_step,
     value_step,
 )
@@ -167,6 +168,39 @@ def test_reward_goes_to_the_last_action_token_and_gae_skips_tool_tokens():
     (adv,), (ret,) = advantages_and_returns([s], [values], PPOConfig())
     torch.testing.assert_close(adv, torch.tensor([0.0, 0.82675, 0.765, 0.0, 0.7, 0.0]))
     torch.testing.assert_close(ret, torch.tensor([0.0, 0.92675, 0.965, 0.0, 1.0, 0.0]))
+
+
+def test_at_lambda_one_every_action_gets_the_reward_minus_its_value():
+    s = Sample(sample_id="a", group_id="g", token_ids=[1, 2, 3, 4, 5, 6], action_mask=[0, 1, 1, 0, 1, 0],
+               behaviour_logprobs=[0.0] * 6, reward=2.0, weight_version=0)  # fmt: skip
+    values = torch.tensor([0.0, 0.1, 0.2, 9.0, 0.3, 9.0])
+    (adv,), (ret,) = advantages_and_returns([s], [values], PPOConfig(lam=1.0))
+    torch.testing.assert_close(adv, torch.tensor([0.0, 1.9, 1.8, 0.0, 1.7, 0.0]))
+    torch.testing.assert_close(ret, torch.tensor([0.0, 2.0, 2.0, 0.0, 2.0, 0.0]))
+
+
+def test_reward_reach_is_the_rewards_weight_on_each_samples_first_action():
+    def of(actions: int) -> Sample:  # a prompt token, then `actions` action tokens
+        return Sample(sample_id=f"s{actions}", group_id="g", token_ids=[1] * (actions + 1),
+                      action_mask=[0] + [1] * actions, behaviour_logprobs=[0.0] * (actions + 1),
+                      reward=1.0, weight_version=0)  # fmt: skip
+
+    samples = [of(1), of(3), of(1201)]  # the last: a write turn and the turns after it
+    assert reward_reach(samples, PPOConfig(lam=0.95), "cpu") == pytest.approx((1 + 0.95**2 + 0.95**1200) / 3)
+    assert reward_reach(samples, PPOConfig(lam=0.95), "cpu") < 0.7  # the long sample's code learns ~nothing
+    assert reward_reach(samples, PPOConfig(lam=1.0), "cpu") == 1.0
+    assert reward_reach([of(11)], PPOConfig(gamma=0.5, lam=1.0), "cpu") == pytest.approx(0.5**10)
+
+
+def test_ppo_and_value_steps_report_the_reward_reach(models):
+    samples = batch()
+    _, _, m = grads(models, samples, msgspec.structs.replace(EXACT, lam=1.0))
+    assert m["reward_reach"] == 1.0
+    _, _, m = grads(models, samples)
+    assert 0.0 < m["reward_reach"] < 1.0
+    actor, critic = models
+    out = value_step(critic, Recorder(critic.parameters()), samples, PPOConfig(), "cpu")
+    assert out["reward_reach"] == pytest.approx(m["reward_reach"])
 
 
 def test_compute_values_are_the_critic_output_before_each_token(models):

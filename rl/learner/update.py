@@ -53,7 +53,10 @@ class PPOConfig(Struct, frozen=True, kw_only=True):
     gamma: float = 1.0
     """Discount per action token."""
     lam: float = 0.95
-    """GAE lambda."""
+    """GAE lambda. The reward (on a sample's last action) reaches the action k tokens before it
+    with weight (gamma lam)^k: at 0.95 a token 100 actions back gets 0.6% of it, the rest of its
+    advantage is the critic's own differences. `reward_reach` in the step metrics is that weight
+    on each sample's first action, averaged."""
     tis_cap: float | None = None
     """Truncated importance sampling cap (e.g. 2.0): weights min(exp(train - behaviour), cap)."""
     normalize_advantages: bool = False
@@ -155,7 +158,19 @@ def ppo_step(
             _critic_loss(critic, mb, cfg.value_clip, norm, m).backward()
         m.max("grad_norm_actor", _clip_and_step(actor, actor_opt, cfg.max_grad_norm, m))
         m.max("grad_norm_critic", _clip_and_step(critic, critic_opt, cfg.max_grad_norm, m))
-    return m.result(group, updates=cfg.updates_per_batch, tokens=_global_tokens(mbs, device, group), actions=actions)
+    out = m.result(group, updates=cfg.updates_per_batch, tokens=_global_tokens(mbs, device, group), actions=actions)
+    return out | {"reward_reach": reward_reach(samples, cfg, device, group)}
+
+
+def reward_reach(samples: Sequence[Sample], cfg: PPOConfig, device, group=None) -> float:
+    """The reward's weight in the advantage of each sample's first action, (gamma lam)^(n - 1)
+    for n action tokens, averaged over the global batch: near 0, the reward teaches only a
+    sample's last tokens (e.g. the turns after the one that wrote the code)."""
+    decay = cfg.gamma * cfg.lam
+    local = [decay ** max(int(sum(s.action_mask[1:])) - 1, 0) for s in samples]
+    totals = torch.tensor([float(sum(local)), float(len(local))], dtype=torch.float64, device=device)
+    total, count = _all_reduce(totals, dist.ReduceOp.SUM, group).tolist()
+    return total / count if count else math.nan
 
 
 def sft_step(
@@ -206,7 +221,8 @@ def value_step(
     for mb in mbs:
         _critic_loss(critic, mb, cfg.value_clip, norm, m).backward()
     m.max("grad_norm_critic", _clip_and_step(critic, opt, cfg.max_grad_norm, m))
-    return m.result(group, updates=1, tokens=_global_tokens(mbs, device, group), actions=actions)
+    out = m.result(group, updates=1, tokens=_global_tokens(mbs, device, group), actions=actions)
+    return out | {"reward_reach": reward_reach(samples, cfg, device, group)}
 
 
 # ---------------------------------------------------------------------------------------------
