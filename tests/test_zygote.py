@@ -12,6 +12,7 @@ died means a forked child; on a GPU the spare made its CUDA context before its r
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import resource
@@ -161,7 +162,17 @@ def _wait_for(predicate, timeout_s: float = 30.0) -> bool:
     return False
 
 
-def test_child_has_the_channel_fds_at_their_numbers_and_no_other(tmp_path):
+@pytest.fixture(params=["fork", "spare"])
+def either(request, monkeypatch):
+    """A zygote that forks each request, or one that hands it to a spare child."""
+    if request.param == "spare":
+        monkeypatch.setenv(zygote_server.SPARE_ENV, "1")
+    zygote.shutdown()
+    yield request.param
+    zygote.shutdown()
+
+
+def test_child_has_the_channel_fds_at_their_numbers_and_no_other(tmp_path, either):
     child = CandidateProcess(tmp_path, launcher="zygote")
     child.start()
     read_fd, write_fd = int(child.process.args[2]), int(child.process.args[4])
@@ -172,6 +183,53 @@ def test_child_has_the_channel_fds_at_their_numbers_and_no_other(tmp_path):
         assert os.readlink(f"{fd_dir}/0") == os.devnull
     finally:
         child.close()
+
+
+_KEEPS_DRIVER_FDS = """
+import json, os, sys
+from rewards.queue import zygote_server as z
+
+with z._opened_above(64) as opened:
+    device = os.open("/dev/zero", os.O_RDONLY)  # as the CUDA driver opens /dev/nvidia*
+    os.close(os.open("/dev/null", os.O_RDONLY))  # opened and closed again: not kept
+free = os.open("/dev/null", os.O_RDONLY)
+os.close(free)
+r, w = os.pipe()
+log = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT)
+z._place_fds(log, [r], [5], opened)
+print(json.dumps({"open": sorted(z._open_fds()), "device": device, "kept": sorted(opened),
+                  "target": os.readlink(f"/proc/self/fd/{device}"), "free": free}), flush=True)
+try:
+    z._place_fds(5, [], [device], opened)
+except ValueError as exc:
+    print(exc, flush=True)
+"""
+
+
+def test_fds_opened_ahead_land_above_the_requests_numbers_and_stay_open(tmp_path):
+    """A spare makes its CUDA context with the low fd numbers taken (`_opened_above`), and its
+    child keeps what that opened (the driver's device fds) when its own fds are placed."""
+    log = tmp_path / "log"
+    subprocess.run([sys.executable, "-c", _KEEPS_DRIVER_FDS, str(log)], check=True, timeout=120,
+                   env=os.environ | {"PYTHONPATH": str(Path(__file__).parents[1])})
+    first, second = log.read_text().splitlines()
+    seen = json.loads(first)
+    device = seen["device"]
+    assert device >= 64 and seen["open"] == [0, 1, 2, 5, device]
+    assert (seen["kept"], seen["target"]) == ([device], "/dev/zero")
+    assert seen["free"] < 64  # the low numbers are free again
+    assert second == f"fd {device} is both kept and a target"
+
+
+def test_a_request_for_fd_numbers_above_the_spares_is_forked_instead():
+    def request(*targets: int) -> bytes:
+        return zygote_server.encode(zygote_server.Fork(
+            module="rewards.verify.candidate", args=(), cwd="/", env={}, pass_fds=targets, rlimits={}))
+
+    below = zygote_server.SPARE_LOW_FDS
+    assert zygote_server._acceptable(request(5, below - 1), [0, 1, 2], below=below)
+    assert not zygote_server._acceptable(request(5, below), [0, 1, 2], below=below)
+    assert zygote_server._acceptable(request(5, below), [0, 1, 2])
 
 
 def test_child_gets_the_workers_resource_limits_of_now(tmp_path):
@@ -292,10 +350,16 @@ def test_a_zygote_that_cannot_start_means_spawn(tmp_path, monkeypatch, caplog):
         child.close()
 
 
-def test_the_zygote_starts_without_cuda_threads_or_files(tmp_path):
+_ON_A_GPU = pytest.param("gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")])
+
+
+@pytest.mark.parametrize("machine", ["any", _ON_A_GPU])
+def test_the_zygote_starts_without_cuda_threads_or_files(tmp_path, machine):
     """The zygote's start (with the warm-up when zygote_server.WARM_UP) succeeded, which includes
-    leaving no thread behind (zygote_server._warm_up reports extra threads as its error); it wrote
-    no file under TMPDIR (the empty Inductor cache dir there is made by the PRELOAD imports)."""
+    leaving no thread behind at its first fork (zygote_server._warm_up reports extra threads as its
+    error); it wrote no file under TMPDIR (the empty Inductor cache dir there is made by the PRELOAD
+    imports). On a GPU machine torch asks NVML whether CUDA is there, which the zygote shuts down."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"} | {"TMPDIR": str(tmp)}

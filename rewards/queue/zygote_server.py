@@ -32,7 +32,9 @@ process runs `main`; forked children run `_run_child` and exit without returning
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
+import fcntl
 import functools
 import gc
 import importlib
@@ -44,7 +46,7 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import msgspec
@@ -70,6 +72,9 @@ CHILD_MODULES = ("rewards.verify.candidate", "rewards.timing.profile_child")
 _WORKER_NVML: dict[str, str | None] = {}  # NVML_CHECK's names as the worker's environment had them
 MAX_MESSAGE = 1 << 18  # one Fork: argv, env, limits (a few KiB)
 MAX_FDS = 16
+SPARE_LOW_FDS = 256
+"""A spare makes its CUDA context with every free fd number below this taken, so the driver's
+device fds lie above it; a request whose fd numbers are all below it may go to the spare."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,7 +210,8 @@ def serve(sock: socket.socket, spare: Spare | None = None, keep_spare: bool = Fa
                 if spare is not None:
                     spare.discard()
                 return 0
-            if spare is not None and spare.waiting() and _acceptable(data, fds) and spare.hand(data, fds):
+            if (spare is not None and spare.waiting() and _acceptable(data, fds, below=SPARE_LOW_FDS)
+                    and spare.hand(data, fds)):
                 for fd in fds:
                     os.close(fd)
                 reply, spare = Forked(pid=spare.pid), None
@@ -221,13 +227,15 @@ def serve(sock: socket.socket, spare: Spare | None = None, keep_spare: bool = Fa
             sock.send(encode(reply))
 
 
-def _acceptable(data: bytes, fds: list[int]) -> bool:
-    """A request a child may run: one of CHILD_MODULES, its fds all there."""
+def _acceptable(data: bytes, fds: list[int], below: int = 0) -> bool:
+    """A request a child may run: one of CHILD_MODULES, its fds all there (and, with `below`,
+    each to be placed at a number under it)."""
     try:
         request = request_decoder.decode(data)
     except msgspec.DecodeError:
         return False
-    return request.module in CHILD_MODULES and len(fds) == 1 + len(request.pass_fds)
+    placed = not below or all(target < below for target in request.pass_fds)
+    return request.module in CHILD_MODULES and len(fds) == 1 + len(request.pass_fds) and placed
 
 
 def _fork(data: bytes, fds: list[int], sock: socket.socket) -> Forked | Failed:
@@ -267,15 +275,50 @@ def _run_spare(sock: socket.socket, zygote_sock: socket.socket, zygote_pid: int)
         os.setpgid(0, 0)
         _die_with(zygote_pid)
         zygote_sock.detach()  # closed with the rest once the request's fds are placed
-        warm_ms = _spare_warm_up()
+        with _opened_above(SPARE_LOW_FDS) as driver_fds:
+            warm_ms = _spare_warm_up()
         data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
         if not data:
             os._exit(0)
         startup = {"interpreter": 0.0, "import": 0.0, "spare_warm_up": warm_ms}
-        _run_child(request_decoder.decode(data), fds, sock, zygote_pid, startup=startup)
+        _run_child(request_decoder.decode(data), fds, sock, zygote_pid, startup=startup, keep=driver_fds)
     except BaseException:  # noqa: BLE001 - a spare that failed before its request ends here
         traceback.print_exc()
     os._exit(1)
+
+
+@contextlib.contextmanager
+def _opened_above(low: int):
+    """Every free fd number below `low` taken for the block, so what it opens lands at `low` or
+    above; yields the set that receives, on exit, the fds the block opened and left open (the
+    CUDA driver's device fds, which the child must keep: closing them breaks its context)."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    taken = [null]
+    while taken[-1] < low:
+        taken.append(os.dup(null))
+    os.close(taken.pop())  # the first number at or above `low`: free again
+    before = _open_fds()
+    opened: set[int] = set()
+    try:
+        yield opened
+    finally:
+        opened.update(_open_fds() - before)
+        for fd in taken:
+            os.close(fd)
+
+
+def _open_fds() -> set[int]:
+    """This process's open fds (the listing's own directory fd, closed by then, left out)."""
+    listed = [int(name) for name in os.listdir("/proc/self/fd")]
+    return {fd for fd in listed if _is_open(fd)}
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        fcntl.fcntl(fd, fcntl.F_GETFD)
+        return True
+    except OSError:
+        return False
 
 
 def _spare_warm_up() -> float:
@@ -299,15 +342,16 @@ def _spare_warm_up() -> float:
 
 
 def _run_child(request: Fork, fds: list[int], sock: socket.socket, zygote_pid: int,
-               startup: dict[str, float] | None = None) -> None:
+               startup: dict[str, float] | None = None, keep: set[int] | frozenset[int] = frozenset()) -> None:
     """In the forked child: become what `python -m module args` would be, run it, exit.
-    `startup`: the child's own account of its start (a spare's: what it paid ahead)."""
+    `startup`: the child's own account of its start (a spare's: what it paid ahead); `keep`: fds
+    it opened itself that stay open (a spare's CUDA driver fds)."""
     code = 1
     try:
         os.setpgid(0, 0)
         _die_with(zygote_pid)
         sock.detach()  # its fd is closed below with the rest; the object must not close a reused number
-        _place_fds(fds[0], fds[1:], request.pass_fds)
+        _place_fds(fds[0], fds[1:], request.pass_fds, keep)
         for name, (soft, hard) in request.rlimits.items():  # the worker's limits as they are now
             if resource.getrlimit(getattr(resource, name)) != (soft, hard):
                 resource.setrlimit(getattr(resource, name), (soft, hard))
@@ -340,19 +384,24 @@ def _run_child(request: Fork, fds: list[int], sock: socket.socket, zygote_pid: i
         os._exit(code or 0)
 
 
-def _place_fds(log_fd: int, received: Sequence[int], targets: Sequence[int]) -> None:
+def _place_fds(log_fd: int, received: Sequence[int], targets: Sequence[int],
+               keep: set[int] | frozenset[int] = frozenset()) -> None:
     """stdin /dev/null, stdout and stderr the log, each received fd at its target number (as
-    Popen's pass_fds), every other fd closed (as close_fds=True)."""
+    Popen's pass_fds), every other fd closed (as close_fds=True) but those in `keep`, which no
+    target may be."""
+    if clash := sorted(keep & {0, 1, 2, *targets}):
+        raise ValueError(f"fd {clash[0]} is both kept and a target")
     high = max([log_fd, *received, *targets, 2]) + 1
-    moved = [os.dup2(fd, high + i, inheritable=True) for i, fd in enumerate([log_fd, *received])]
+    # F_DUPFD: the lowest free number from `high` up, so no kept fd is overwritten.
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, high) for fd in [log_fd, *received]]
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(moved[0], 1)
     os.dup2(moved[0], 2)
     for fd, target in zip(moved[1:], targets):
         os.dup2(fd, target, inheritable=True)
-    keep = sorted({0, 1, 2, *targets})
-    for low, up in zip(keep, [*keep[1:], resource.getrlimit(resource.RLIMIT_NOFILE)[0]]):
+    kept = sorted({0, 1, 2, *targets, *keep})
+    for low, up in zip(kept, [*kept[1:], resource.getrlimit(resource.RLIMIT_NOFILE)[0]]):
         os.closerange(low + 1, up)
 
 
@@ -426,9 +475,11 @@ def _release_nvml(nvml, most: int = 1000) -> int:
     return most
 
 
-def _warm_up() -> tuple[float, str]:
+def _warm_up(settle: Callable[[], object] = lambda: None) -> tuple[float, str]:
     """rewards.queue.compile_warmup.warm_up, timed. Its failure is a message, never the end of the
-    zygote: the children then import and hash on their first compile, as without it."""
+    zygote: the children then import and hash on their first compile, as without it. `settle` runs
+    after it and before the threads are counted: the threads that count are those the first fork
+    would find (`preload` shuts NVML down there)."""
     before, start = _thread_ids(), time.perf_counter()
     try:
         from rewards.queue.compile_warmup import warm_up
@@ -437,6 +488,7 @@ def _warm_up() -> tuple[float, str]:
     except Exception as exc:  # noqa: BLE001 - an optimisation that failed; the zygote serves on
         error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
     else:
+        settle()
         extra = _thread_ids() - before  # a fork copies only the forking thread
         names = ", ".join(_thread_names(extra))
         error = f"the warm-up left {len(extra)} thread(s) running ({names})" if extra else ""
@@ -453,8 +505,9 @@ def preload(warm_up: bool = True) -> tuple[float, str]:
     os.environ.update(NVML_CHECK)
     for name in PRELOAD:
         importlib.import_module(name)
-    warmed = _warm_up() if warm_up else (0.0, "")
-    _release_nvml(_library("libnvidia-ml.so.1"))
+    release = functools.partial(_release_nvml, _library("libnvidia-ml.so.1"))
+    warmed = _warm_up(settle=release) if warm_up else (0.0, "")
+    release()  # again where the warm-up failed or did not run (a released NVML stays released)
     gc.freeze()  # children copy fewer pages: the collector leaves the preloaded objects alone
     return warmed
 
