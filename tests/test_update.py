@@ -428,3 +428,45 @@ def test_ppo_step_on_cuda_under_fsdp_bf16_mixed_precision():
     for g in a.grads + c.grads:
         local = g.to_local() if hasattr(g, "to_local") else g
         assert local.dtype == torch.float32 and bool(torch.isfinite(local).all())
+
+
+def _choice_then_filler(i: int, choice: int, filler: int) -> Sample:
+    """A prompt token, one choice (3 is rewarded, 4 is not), then `filler` more action tokens: a
+    write turn's decision followed by the turns after it."""
+    ids = [1, choice] + [5 + k % 7 for k in range(filler)]
+    return Sample(sample_id=f"c{i}", group_id="g", token_ids=ids, action_mask=[0] + [1] * (len(ids) - 1),
+                  behaviour_logprobs=[0.0] * len(ids), reward=1.0 if choice == 3 else -1.0, weight_version=0)
+
+
+def _choice_margin(actor) -> float:
+    """log p(3 | prompt) - log p(4 | prompt)."""
+    out = []
+    with torch.no_grad():
+        for s in (_choice_then_filler(0, 3, 0), _choice_then_filler(1, 4, 0)):
+            (mb,) = micro_batches([s], 4096)
+            out.append(float(actor(mb.input_ids, mb.position_ids, mb.targets)[0][0][0]))
+    return out[0] - out[1]
+
+
+def test_a_choice_100_actions_before_the_reward_is_learned_at_lambda_one_and_not_at_095():
+    """PPO on samples whose reward depends only on their first action: at lambda 1 every seed's
+    policy moves toward the rewarded choice; at 0.95 the reward reaches it with weight 0.006 and
+    the move is the critic's noise."""
+    rises = {}
+    for lam in (0.95, 1.0):
+        for seed in range(3):
+            torch.manual_seed(seed)
+            cfg = ModelConfig(hf_config=tiny_qwen2_config(vocab_size=VOCAB, hidden=32, intermediate=64),
+                              logprob_chunk_tokens=16)
+            actor, critic = build_actor(cfg, "cpu"), build_critic(cfg, "cpu")
+            torch.nn.init.normal_(critic.value_head.weight, std=0.5)
+            before = _choice_margin(actor)
+            opts = [torch.optim.Adam(m.parameters(), lr=1e-3) for m in (actor, critic)]
+            samples = [_choice_then_filler(i, 3 if i % 2 else 4, 100) for i in range(8)]
+            for _ in range(6):
+                ppo_step(actor, critic, *opts, samples, PPOConfig(lam=lam, updates_per_batch=2), "cpu")
+            rises[lam, seed] = _choice_margin(actor) - before
+    at_one = [rises[1.0, seed] for seed in range(3)]
+    at_095 = [rises[0.95, seed] for seed in range(3)]
+    assert min(at_one) > 0.1, rises
+    assert sum(at_one) / 3 > sum(at_095) / 3 + 0.2, rises
