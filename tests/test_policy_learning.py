@@ -20,6 +20,7 @@ from bench.system.policy_learning import (
     main_policy,
     markdown,
     mean_se,
+    ppo_steps,
     seed_configs,
     share_demonstrations,
     verdicts,
@@ -262,3 +263,25 @@ def test_seeds_run_at_once_one_child_per_gpu(tmp_path: Path):
         spans.append((stamps[0], stamps[-1]))
     assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]  # the two seeds ran at the same time
     assert "| 0 |" in (tmp_path / "learning.md").read_text() and "| 1 |" in (tmp_path / "learning.md").read_text()
+
+
+def test_the_report_gives_the_whole_runs_wall_time_against_its_target():
+    results = [_seed(0, 0.4, 0.5, 0.1), _seed(1, 0.4, 0.5, 0.1)]
+    assert verdicts(results)["wall_target_met"] is None  # not known: not judged
+    fast, slow = verdicts(results, 24.5 * 60), verdicts(results, 26.5 * 60)
+    assert fast["wall_target_met"] and not slow["wall_target_met"]
+    assert "the whole run: 26.5 min (target <= 25 min): NOT met" in markdown(results, "smollm2-135m", slow)
+
+
+def test_the_report_lists_each_seeds_ppo_steps_from_its_metrics(tmp_path):
+    lines = [{"step": 3, "stage": "rft", "train/sft_loss": 1.0},
+             {"step": 4, "stage": "ppo", "rollout/reward_mean": -0.25, "rollout/pass_rate": 0.375,
+              "train/reward_reach": 1.0},
+             {"step": 5, "stage": "ppo", "rollout/reward_mean": 0.5, "rollout/pass_rate": 0.75, "train/reward_reach": 0.5}]
+    (tmp_path / "metrics.jsonl").write_bytes(b"\n".join(orjson.dumps(m) for m in lines) + b"\n{\"step\": 6, \"sta")
+    steps = ppo_steps(tmp_path)  # the cut last line of a killed run is skipped
+    assert [(s.step, s.reward_mean, s.reward_reach) for s in steps] == [(4, -0.25, 1.0), (5, 0.5, 0.5)]
+    assert ppo_steps(tmp_path / "missing") == []
+    result = msgspec.structs.replace(_seed(0, 0.4, 0.5, 0.1), ppo_steps=steps)
+    text = markdown([result, _seed(1, 0.4, 0.5, 0.1)], "smollm2-135m", verdicts([result]))
+    assert "| 0 | -0.250 / 38% | +0.500 / 75% | 0.75 |" in text and "| 1 | - | - | - |" in text

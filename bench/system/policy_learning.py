@@ -68,6 +68,8 @@ PASS_TARGET = 0.30
 """Held-out pass rate the policy must reach after rft."""
 SE_MULTIPLE = 2.0
 """PPO must beat the control by more than this many standard errors."""
+WALL_TARGET_S = 25 * 60.0
+"""The whole benchmark (every seed, the model built from its wheel included) on one GPU."""
 CPU_FAMILIES = ["data.tasks=families", "data.family_scale=0.01", "data.heldout=true", "data.demos=3",
                 "data.rft_policy_rollouts=false", "data.collect_tasks=2", "steps.rft=2", "steps.value=1",
                 "steps.ppo=1", "rollout.max_context_tokens=8192"]
@@ -78,13 +80,23 @@ PORT_BASE = 31000
 log = logging.getLogger("cuda-agent.learning")
 
 
+class PpoStep(Struct, frozen=True, kw_only=True):
+    """One PPO step of a seed's run, on the training split (its metrics.jsonl)."""
+
+    step: int
+    reward_mean: float
+    pass_rate: float
+    reward_reach: float | None = None  # the reward's weight on each sample's first action (rl.learner.update)
+
+
 class SeedResult(Struct, kw_only=True):
-    """The held-out rows of one seed's two runs, by label."""
+    """The held-out rows of one seed's two runs, by label, and the PPO run's steps."""
 
     seed: int
     ppo: dict[str, Row]
     control: dict[str, Row]
     wall_s: float
+    ppo_steps: list[PpoStep] = []
 
 
 def seed_configs(base: TrainConfig, out: Path, seed: int, overrides: list[str]) -> tuple[TrainConfig, TrainConfig]:
@@ -116,7 +128,23 @@ def run_seed(base: TrainConfig, out: Path, seed: int, overrides: list[str]) -> S
         else:  # a sampled evaluation: the control evaluates its actor itself
             _train(control)
     return SeedResult(seed=seed, ppo=_by_label(ppo.run_dir), control=_by_label(control.run_dir),
-                      wall_s=time.monotonic() - t0)
+                      wall_s=time.monotonic() - t0, ppo_steps=ppo_steps(ppo.run_dir))
+
+
+def ppo_steps(run_dir: str | Path) -> list[PpoStep]:
+    """The PPO steps a run's metrics.jsonl records (none where it is missing)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    steps = []
+    for line in path.read_bytes().splitlines() if path.exists() else []:
+        try:
+            m = orjson.loads(line)
+        except orjson.JSONDecodeError:  # a line cut by a killed run
+            continue
+        if m.get("stage") == "ppo" and "rollout/reward_mean" in m:
+            steps.append(PpoStep(step=int(m["step"]), reward_mean=float(m["rollout/reward_mean"]),
+                                 pass_rate=float(m.get("rollout/pass_rate", math.nan)),
+                                 reward_reach=m.get("train/reward_reach")))
+    return steps
 
 
 def starting_row(ppo: TrainConfig) -> Row | None:
@@ -251,8 +279,9 @@ def mean_se(xs: list[float]) -> tuple[float, float]:
     return statistics.fmean(xs), statistics.stdev(xs) / math.sqrt(len(xs))
 
 
-def verdicts(results: list[SeedResult]) -> dict[str, Any]:
-    """The two targets, checked on the seeds that finished both runs."""
+def verdicts(results: list[SeedResult], wall_s: float | None = None) -> dict[str, Any]:
+    """The two targets, checked on the seeds that finished both runs, and the whole run's wall
+    time (`wall_s`, when known) against WALL_TARGET_S."""
     done = [r for r in results if "after_ppo" in r.ppo and "after_ppo" in r.control]
     diffs = [_reward(r.ppo["after_ppo"]) - _reward(r.control["after_ppo"]) for r in done]
     mean, se = mean_se(diffs)
@@ -263,6 +292,7 @@ def verdicts(results: list[SeedResult]) -> dict[str, Any]:
         "pass_target_met": bool(after_rft) and mean_se(after_rft)[0] >= PASS_TARGET,
         "ppo_minus_control_mean": mean, "ppo_minus_control_se": se,
         "ppo_beats_control": len(done) >= 2 and mean > SE_MULTIPLE * se,
+        "wall_s": wall_s, "wall_target_met": None if wall_s is None else wall_s <= WALL_TARGET_S,
     }
 
 
@@ -308,8 +338,22 @@ def markdown(results: list[SeedResult], policy: str, v: dict[str, Any]) -> str:
                f"{'met' if v['pass_target_met'] else 'NOT met'}"),
               (f"- PPO - control, held-out mean reward: {v['ppo_minus_control_mean']:+.3f} +- "
                f"{v['ppo_minus_control_se']:.3f} (SE over {v['seeds_complete']} seeds; target > "
-               f"{SE_MULTIPLE:.0f} SE): {'met' if v['ppo_beats_control'] else 'NOT met'}"), ""]
-    return "\n".join(lines)
+               f"{SE_MULTIPLE:.0f} SE): {'met' if v['ppo_beats_control'] else 'NOT met'}")]
+    if v.get("wall_s") is not None:
+        lines.append(f"- the whole run: {v['wall_s'] / 60:.1f} min (target <= {WALL_TARGET_S / 60:.0f} min): "
+                     f"{'met' if v['wall_target_met'] else 'NOT met'}")
+    if steps := max((len(r.ppo_steps) for r in results), default=0):
+        lines += ["", "PPO steps on the training split (rollout mean reward / pass rate; the reward's weight on each "
+                      "sample's first action, `train/reward_reach`):", "",
+                  "| seed | " + " | ".join(f"step {k + 1}" for k in range(steps)) + " | reward reach |",
+                  "|---" * (steps + 2) + "|"]
+        for r in results:
+            cells = [f"{x.reward_mean:+.3f} / {100 * x.pass_rate:.0f}%" for x in r.ppo_steps]
+            cells += ["-"] * (steps - len(cells))
+            reach = [x.reward_reach for x in r.ppo_steps if x.reward_reach is not None]
+            cells.append(f"{statistics.fmean(reach):.3g}" if reach else "-")
+            lines.append(f"| {r.seed} | " + " | ".join(cells) + " |")
+    return "\n".join([*lines, ""])
 
 
 def _cell(row: Row | None) -> str:
@@ -360,6 +404,7 @@ def main_policy(policy: str, seeds: int, out: Path, overrides: list[str], *, cpu
     """Run every seed (with `gpus`, one child per GPU at once), then write learning.{json,md,png}
     in `out`; 0 when both targets are met."""
     _log_setup()
+    t0 = time.monotonic()
     base = base_config(policy, cpu=cpu)
     out.mkdir(parents=True, exist_ok=True)
     if gpus:
@@ -375,7 +420,7 @@ def main_policy(policy: str, seeds: int, out: Path, overrides: list[str], *, cpu
         for seed in range(seeds):
             results.append(run_seed(base, out, seed, overrides))
             _write(out, policy, results)
-    v = _write(out, policy, results)
+    v = _write(out, policy, results, time.monotonic() - t0)
     print((out / "learning.md").read_text())
     return 0 if v["pass_target_met"] and v["ppo_beats_control"] else 1
 
@@ -401,7 +446,7 @@ async def _seeds_on_gpus(policy: str, seeds: int, out: Path, overrides: list[str
                 log.error("seed %d on GPU %s exited with %d; see %s", seed, gpu, code, _seed_log(out, seed))
             ppo, control = seed_configs(base, out, seed, overrides)
             results.append(SeedResult(seed=seed, ppo=_by_label(ppo.run_dir), control=_by_label(control.run_dir),
-                                      wall_s=time.monotonic() - t0))
+                                      wall_s=time.monotonic() - t0, ppo_steps=ppo_steps(ppo.run_dir)))
             results.sort(key=lambda r: r.seed)
             _write(out, policy, results)
             first_done.set()  # whatever seed 0 left, the others go on with it
@@ -464,8 +509,8 @@ def main_seed(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _write(out: Path, policy: str, results: list[SeedResult]) -> dict[str, Any]:
-    v = verdicts(results)
+def _write(out: Path, policy: str, results: list[SeedResult], wall_s: float | None = None) -> dict[str, Any]:
+    v = verdicts(results, wall_s)
     doc = {"policy": policy, "verdicts": v, "seeds": [msgspec.to_builtins(r) for r in results]}
     (out / "learning.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     (out / "learning.md").write_text(markdown(results, policy, v))
@@ -473,8 +518,8 @@ def _write(out: Path, policy: str, results: list[SeedResult]) -> dict[str, Any]:
     return v
 
 
-__all__ = ["SeedResult", "base_config", "child_device", "control_rows", "main_policy", "main_seed", "mean_se",
-           "run_seed", "seed_configs", "share_demonstrations", "shared_base_row", "verdicts"]
+__all__ = ["PpoStep", "SeedResult", "base_config", "child_device", "control_rows", "main_policy", "main_seed", "mean_se",
+           "ppo_steps", "run_seed", "seed_configs", "share_demonstrations", "shared_base_row", "verdicts"]
 
 
 if __name__ == "__main__":
