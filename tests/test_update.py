@@ -19,6 +19,7 @@ from rl.learner.update import (
     PPOConfig,
     advantages_and_returns,
     compute_values,
+    group_advantages,
     ppo_step,
     reward_reach,
     sft_step,
@@ -179,6 +180,42 @@ def test_at_lambda_one_every_action_gets_the_reward_minus_its_value():
     torch.testing.assert_close(ret, torch.tensor([0.0, 2.0, 2.0, 0.0, 2.0, 0.0]))
 
 
+def test_the_group_baseline_gives_every_action_its_reward_minus_its_groups_mean():
+    def of(sample_id: str, group_id: str, reward: float) -> Sample:
+        return Sample(sample_id=sample_id, group_id=group_id, token_ids=[1, 2, 3, 4, 5],
+                      action_mask=[1, 1, 0, 1, 0], behaviour_logprobs=[0.0] * 5, reward=reward,
+                      weight_version=0)  # fmt: skip
+
+    samples = [of("a", "x", 1.0), of("b", "x", -1.0), of("c", "x", 3.0), of("d", "y", 2.0), of("e", "z", -1.0)]
+    got = group_advantages(samples)  # x's mean 1; y and z alone: 0
+    want = [[0, 0, 0, 0, 0], [0, -2, 0, -2, 0], [0, 2, 0, 2, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0]]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, torch.tensor(w, dtype=torch.float32))
+
+
+def test_a_ppo_step_with_the_group_baseline_ignores_the_critic_for_the_policy(models):
+    samples = [msgspec.structs.replace(s, group_id=f"g{i % 2}") for i, s in enumerate(batch())]
+    group = msgspec.structs.replace(EXACT, baseline="group")
+    ga, gc, m = grads(models, samples, group)
+    assert m["reward_reach"] == 1.0
+    actor, critic = models
+    torch.nn.init.normal_(critic.value_head.weight, std=2.0)  # other values: the same actor gradient
+    ga2, gc2, _ = grads(models, samples, group)
+    assert_same(ga, ga2)
+    assert not all(torch.allclose(x, y) for x, y in zip(gc, gc2))  # the critic still fits its GAE returns
+    ga3, _, _ = grads(models, samples)
+    assert not all(torch.allclose(x, y) for x, y in zip(ga, ga3))
+
+
+def test_an_unknown_baseline_is_refused_when_the_config_is_read():
+    from rl.config import apply_overrides
+    from rl.recipes import smoke
+
+    assert apply_overrides(smoke(), ["ppo.baseline=group"]).ppo.baseline == "group"
+    with pytest.raises(Exception, match="baseline"):
+        apply_overrides(smoke(), ["ppo.baseline=grpo"])
+
+
 def test_reward_reach_is_the_rewards_weight_on_each_samples_first_action():
     def of(actions: int) -> Sample:  # a prompt token, then `actions` action tokens
         return Sample(sample_id=f"s{actions}", group_id="g", token_ids=[1] * (actions + 1),
@@ -317,6 +354,12 @@ def test_value_steps_lower_the_value_loss(models):
 # unsharded process on the whole batch.
 
 DIST_CFG = PPOConfig(max_grad_norm=1e9, token_budget=24, tis_cap=2.0, normalize_advantages=True)
+GROUP_CFG = msgspec.structs.replace(DIST_CFG, baseline="group", normalize_advantages=False)
+
+
+def _grouped(samples: list[Sample]) -> list[Sample]:
+    """Two groups by sample id, so that each spans both ranks' shares."""
+    return [msgspec.structs.replace(s, group_id=f"g{int(s.sample_id[1:]) % 2}") for s in samples]
 
 
 def _dist_models():
@@ -347,8 +390,11 @@ def _worker(out) -> None:
         shard(m, layers=layers(m))
     metrics = ppo_step(actor, critic, _sgd(actor), _sgd(critic), share, DIST_CFG, "cpu")
     after = [{k: v.clone() for b in full_state_items(m, 1 << 20) for k, v in b} for m in (actor, critic)]
+    grouped = ppo_step(actor, critic, _sgd(actor), _sgd(critic), _grouped(share), GROUP_CFG, "cpu")
+    after_grouped = [{k: v.clone() for b in full_state_items(m, 1 << 20) for k, v in b} for m in (actor, critic)]
     if d.is_main:
-        torch.save({"metrics": metrics, "after": after, "micro_batches": counts}, out / "result.pt")
+        torch.save({"metrics": metrics, "after": after, "micro_batches": counts, "grouped": grouped,
+                    "after_grouped": after_grouped}, out / "result.pt")
     close_distributed(sync=True)
 
 
@@ -370,10 +416,16 @@ def two_ranks(tmp_path_factory):
     ref = ppo_step(actor, critic, _sgd(actor), _sgd(critic), batch(7, seed=4), DIST_CFG, "cpu")
     from rl.learner.fsdp import hf_name, hf_submodule
 
-    ref_after = []
-    for m in (actor, critic):
-        prefix, _ = hf_submodule(m)
-        ref_after.append({hf_name(k, prefix): v for k, v in m.state_dict().items()})
+    def state() -> list[dict]:
+        out = []
+        for m in (actor, critic):
+            prefix, _ = hf_submodule(m)
+            out.append({hf_name(k, prefix): v.clone() for k, v in m.state_dict().items()})
+        return out
+
+    ref_after = state()
+    ref["grouped"] = ppo_step(actor, critic, _sgd(actor), _sgd(critic), _grouped(batch(7, seed=4)), GROUP_CFG, "cpu")
+    result["ref_after_grouped"] = state()
     return result, ref, ref_after
 
 
@@ -391,10 +443,23 @@ def test_two_ranks_update_equals_one_process_on_the_whole_batch(two_ranks):
             torch.testing.assert_close(got[k], want[k], atol=2e-5, rtol=1e-4, msg=k)
 
 
+def test_two_ranks_group_baseline_equals_one_process(two_ranks):
+    """The groups' means come from both ranks' samples: the actor's update and the metrics are one
+    process's. (The critic, at SGD lr 1 for a second step, has values in the hundreds: its float
+    noise is compared through the value loss.)"""
+    result, ref, _ = two_ranks
+    got, want = result["after_grouped"][0], result["ref_after_grouped"][0]
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], atol=2e-5, rtol=1e-4, msg=k)
+    for key in ("policy_loss", "value_loss", "advantage_mean", "reward_reach"):
+        assert result["grouped"][key] == pytest.approx(ref["grouped"][key], rel=1e-4, abs=1e-6), key
+
+
 def test_two_ranks_metrics_equal_one_process(two_ranks):
     result, ref, _ = two_ranks
     for key in ("policy_loss", "value_loss", "entropy", "tis_mean", "logprob_gap", "explained_variance",
-                "grad_norm_actor", "grad_norm_critic", "tokens", "action_tokens", "advantage_mean"):  # fmt: skip
+                "grad_norm_actor", "grad_norm_critic", "tokens", "action_tokens", "advantage_mean",
+                "reward_reach"):  # fmt: skip
         assert result["metrics"][key] == pytest.approx(ref[key], rel=1e-4, abs=1e-6), key
 
 

@@ -21,7 +21,9 @@ Example:
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -59,6 +61,11 @@ class PPOConfig(Struct, frozen=True, kw_only=True):
     on each sample's first action, averaged."""
     tis_cap: float | None = None
     """Truncated importance sampling cap (e.g. 2.0): weights min(exp(train - behaviour), cap)."""
+    baseline: Literal["critic", "group"] = "critic"
+    """What the policy's advantages subtract from the reward. "critic": GAE(gamma, lam) over the
+    critic's values. "group": every action of a sample gets its reward minus the mean reward of
+    its group (`Sample.group_id`: one task's samples in a step, over all ranks; a group of one
+    gets 0), the same for all its actions (gamma and lam apply to the critic's returns alone)."""
     normalize_advantages: bool = False
     """Whiten advantages over the global batch's action tokens."""
     max_grad_norm: float = 1.0
@@ -139,6 +146,8 @@ def ppo_step(
     """
     values = compute_values(critic, samples, cfg, device, group=group)
     advantages, returns = advantages_and_returns(samples, values, cfg)
+    if cfg.baseline == "group":
+        advantages = group_advantages(samples, group)
     if cfg.normalize_advantages:
         advantages = _whiten_global(advantages, samples, device, group)
     fields: Fields = {"advantages": advantages, "returns": returns, "old_values": values}
@@ -162,11 +171,29 @@ def ppo_step(
     return out | {"reward_reach": reward_reach(samples, cfg, device, group)}
 
 
-def reward_reach(samples: Sequence[Sample], cfg: PPOConfig, device, group=None) -> float:
+def group_advantages(samples: Sequence[Sample], group=None) -> list[Tensor]:
+    """Per sample, token-indexed: its reward minus its group's mean reward on every action (token
+    0 never is one), 0 elsewhere. The groups' sums come from every rank's samples."""
+    sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for rank_samples in _gathered([(s.group_id, s.reward) for s in samples], group):
+        for group_id, reward in rank_samples:
+            sums[group_id] += reward
+            counts[group_id] += 1
+    out = []
+    for s in samples:
+        actions = torch.tensor(s.action_mask, dtype=torch.float32)
+        actions[0] = 0.0
+        out.append(actions * (s.reward - sums[s.group_id] / counts[s.group_id]))
+    return out
+
+
+def reward_reach(samples: Sequence[Sample], cfg: PPOConfig, device, group=None, *, policy: bool = True) -> float:
     """The reward's weight in the advantage of each sample's first action, (gamma lam)^(n - 1)
-    for n action tokens, averaged over the global batch: near 0, the reward teaches only a
-    sample's last tokens (e.g. the turns after the one that wrote the code)."""
-    decay = cfg.gamma * cfg.lam
+    for n action tokens (1 with the group baseline), averaged over the global batch: near 0, the
+    reward teaches only a sample's last tokens (e.g. the turns after the one that wrote the code).
+    `policy=False`: in the critic's returns, which are GAE's whatever the policy's baseline."""
+    decay = 1.0 if policy and cfg.baseline == "group" else cfg.gamma * cfg.lam
     local = [decay ** max(int(sum(s.action_mask[1:])) - 1, 0) for s in samples]
     totals = torch.tensor([float(sum(local)), float(len(local))], dtype=torch.float64, device=device)
     total, count = _all_reduce(totals, dist.ReduceOp.SUM, group).tolist()
@@ -222,7 +249,7 @@ def value_step(
         _critic_loss(critic, mb, cfg.value_clip, norm, m).backward()
     m.max("grad_norm_critic", _clip_and_step(critic, opt, cfg.max_grad_norm, m))
     out = m.result(group, updates=1, tokens=_global_tokens(mbs, device, group), actions=actions)
-    return out | {"reward_reach": reward_reach(samples, cfg, device, group)}
+    return out | {"reward_reach": reward_reach(samples, cfg, device, group, policy=False)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -304,6 +331,15 @@ def _all_reduce(t: Tensor, op, group) -> Tensor:
     if _dist_on():
         dist.all_reduce(t, op=op, group=group)
     return t
+
+
+def _gathered(local: list, group) -> list[list]:
+    """Every rank's `local` (picklable), in rank order; [local] without distributed training."""
+    if not _dist_on():
+        return [local]
+    out: list[list] = [[] for _ in range(dist.get_world_size(group))]
+    dist.all_gather_object(out, local, group=group)
+    return out
 
 
 def _aligned(mbs: list[MicroBatch], fields: Sequence[str], group) -> list[MicroBatch]:
