@@ -110,6 +110,14 @@ def compute_logprobs(
     return out
 
 
+def _actions(sample: Sample) -> Tensor:
+    """The sample's action positions, bool [n]: its action mask but token 0, which has no position
+    before it and so is never an action."""
+    actions = torch.tensor(sample.action_mask, dtype=torch.bool)
+    actions[0] = False
+    return actions
+
+
 def advantages_and_returns(
     samples: Sequence[Sample], values: Sequence[Tensor], cfg: PPOConfig
 ) -> tuple[list[Tensor], list[Tensor]]:
@@ -117,8 +125,7 @@ def advantages_and_returns(
     zero on tokens that are not actions."""
     advantages, returns = [], []
     for sample, value in zip(samples, values):
-        actions = torch.tensor(sample.action_mask, dtype=torch.bool)
-        actions[0] = False  # token 0 has no position before it: never an action
+        actions = _actions(sample)
         rewards = torch.zeros(int(actions.sum()))
         if rewards.numel():
             rewards[-1] = sample.reward
@@ -180,12 +187,7 @@ def group_advantages(samples: Sequence[Sample], group=None) -> list[Tensor]:
         for group_id, reward in rank_samples:
             sums[group_id] += reward
             counts[group_id] += 1
-    out = []
-    for s in samples:
-        actions = torch.tensor(s.action_mask, dtype=torch.float32)
-        actions[0] = 0.0
-        out.append(actions * (s.reward - sums[s.group_id] / counts[s.group_id]))
-    return out
+    return [_actions(s).float() * (s.reward - sums[s.group_id] / counts[s.group_id]) for s in samples]
 
 
 def reward_reach(samples: Sequence[Sample], cfg: PPOConfig, device, group=None, *, policy: bool = True) -> float:
@@ -194,7 +196,7 @@ def reward_reach(samples: Sequence[Sample], cfg: PPOConfig, device, group=None, 
     reward teaches only a sample's last tokens (e.g. the turns after the one that wrote the code).
     `policy=False`: in the critic's returns, which are GAE's whatever the policy's baseline."""
     decay = 1.0 if policy and cfg.baseline == "group" else cfg.gamma * cfg.lam
-    local = [decay ** max(int(sum(s.action_mask[1:])) - 1, 0) for s in samples]
+    local = [decay ** max(int(_actions(s).sum()) - 1, 0) for s in samples]
     totals = torch.tensor([float(sum(local)), float(len(local))], dtype=torch.float64, device=device)
     total, count = _all_reduce(totals, dist.ReduceOp.SUM, group).tolist()
     return total / count if count else math.nan
