@@ -65,6 +65,7 @@ def batch(n: int = 6, seed: int = 0) -> list[Sample]:
 
 @pytest.fixture
 def models():
+    torch.manual_seed(0)  # the same weights in every run: a test on them passes or fails every time
     cfg = ModelConfig(hf_config=tiny_qwen2_config(vocab_size=VOCAB, hidden=32, intermediate=64), logprob_chunk_tokens=16)
     actor, critic = build_actor(cfg, "cpu"), build_critic(cfg, "cpu")
     torch.nn.init.normal_(critic.value_head.weight, std=0.5)  # non-zero values, so GAE uses them
