@@ -517,9 +517,10 @@ def _choice_margin(actor) -> float:
 def test_a_choice_100_actions_before_the_reward_is_learned_at_lambda_one_and_not_at_095():
     """PPO on samples whose reward depends only on their first action: at lambda 1 every seed's
     policy moves toward the rewarded choice; at 0.95 the reward reaches it with weight 0.006 and
-    the move is the critic's noise."""
+    the move is the critic's noise. The group baseline ignores lambda: at 0.95 it moves every seed
+    toward the rewarded choice too."""
     rises = {}
-    for lam in (0.95, 1.0):
+    for lam, baseline in ((0.95, "critic"), (1.0, "critic"), (0.95, "group")):
         for seed in range(3):
             torch.manual_seed(seed)
             cfg = ModelConfig(hf_config=tiny_qwen2_config(vocab_size=VOCAB, hidden=32, intermediate=64),
@@ -530,9 +531,11 @@ def test_a_choice_100_actions_before_the_reward_is_learned_at_lambda_one_and_not
             opts = [torch.optim.Adam(m.parameters(), lr=1e-3) for m in (actor, critic)]
             samples = [_choice_then_filler(i, 3 if i % 2 else 4, 100) for i in range(8)]
             for _ in range(6):
-                ppo_step(actor, critic, *opts, samples, PPOConfig(lam=lam, updates_per_batch=2), "cpu")
-            rises[lam, seed] = _choice_margin(actor) - before
-    at_one = [rises[1.0, seed] for seed in range(3)]
-    at_095 = [rises[0.95, seed] for seed in range(3)]
+                ppo_step(actor, critic, *opts, samples, PPOConfig(lam=lam, updates_per_batch=2, baseline=baseline), "cpu")
+            rises[lam, baseline, seed] = _choice_margin(actor) - before
+    at_one = [rises[1.0, "critic", seed] for seed in range(3)]
+    at_095 = [rises[0.95, "critic", seed] for seed in range(3)]
+    grouped = [rises[0.95, "group", seed] for seed in range(3)]
     assert min(at_one) > 0.1, rises
     assert sum(at_one) / 3 > sum(at_095) / 3 + 0.2, rises
+    assert min(grouped) > 0.1, rises

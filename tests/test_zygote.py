@@ -387,16 +387,24 @@ def test_the_warm_up_hashes_tritons_own_key(monkeypatch):
 def test_a_failed_or_threaded_warm_up_is_a_message_not_a_dead_zygote(monkeypatch):
     from rewards.queue import compile_warmup
 
-    def boom():
+    def boom(done):
         raise RuntimeError("no compiler here\nsecond line")
 
     monkeypatch.setattr(compile_warmup, "warm_up", boom)
     assert zygote_server._warm_up()[1] == "RuntimeError: no compiler here"
     release = threading.Event()
-    monkeypatch.setattr(compile_warmup, "warm_up",
-                        lambda: threading.Thread(target=release.wait, name="prefetch_0").start())
+
+    def threaded(done):
+        done("imports")
+        threading.Thread(target=release.wait, name="prefetch_0").start()
+        done("hashes")
+        threading.Thread(target=release.wait, name="prefetch_1").start()
+
+    monkeypatch.setattr(compile_warmup, "warm_up", threaded)
+    monkeypatch.setattr(zygote_server, "_mapped", lambda library: library == "libcuda.so")
     try:
-        assert zygote_server._warm_up()[1] == "the warm-up left 1 thread(s) running (prefetch_0)"
+        assert zygote_server._warm_up()[1] == ("the warm-up left 2 thread(s) running (prefetch_0 after hashes, "
+                                               "prefetch_1 after end); libcuda.so.1 is loaded")
     finally:
         release.set()
 

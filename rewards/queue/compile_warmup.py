@@ -23,6 +23,7 @@ warm-up (rewards.queue.zygote_server). It starts no thread or process and writes
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 
 MODULES = (
     "torch._inductor.compile_fx",  # torch.compile(model) imports it to read Inductor's config
@@ -45,20 +46,25 @@ FIRST_CALL_MODULES = (  # what a first compiled call served from the cache still
 )
 
 
-def warm_up() -> None:
+def warm_up(done: Callable[[str], object] = lambda step: None) -> None:
     """Import MODULES and Dynamo's backends, register Inductor's device backends, hash the
-    sources in Inductor's cache keys, import FIRST_CALL_MODULES (those this torch has). Raises
-    what an import raises."""
+    sources in Inductor's cache keys, import FIRST_CALL_MODULES (those this torch has). Calls
+    `done(step)` after each of those steps (the zygote's thread check says which step left a
+    thread). Raises what an import raises."""
     import torch
 
     for name in MODULES:
         importlib.import_module(name)
+    done("modules")
     torch.compiler.list_backends()  # imports every registered backend's module
+    done("backends")
     from torch._inductor import codecache
     from torch._inductor.codegen.common import init_backend_registration
 
     init_backend_registration()  # what the first compile registers, for every device type
+    done("device_backends")
     codecache.torch_key()
+    done("torch_key")
     for owner in (codecache, _module("torch.utils._triton")):  # torch 2.13 keeps it in codecache, 2.11 does not
         if hasattr(owner, "triton_key"):
             owner.triton_key()  # None without Triton
@@ -66,11 +72,13 @@ def warm_up() -> None:
     compat = _module("torch._inductor.runtime.triton_compat")
     if getattr(compat, "HAS_TRITON", False):
         compat.triton_key()  # Triton's own (lru-cached), which Inductor's system key hashes where torch has no wrapper
+    done("triton_key")
     for name in FIRST_CALL_MODULES:  # private modules: another torch may have moved them
         try:
             importlib.import_module(name)
         except ModuleNotFoundError:
             pass
+    done("first_call_modules")
 
 
 def _module(name: str):

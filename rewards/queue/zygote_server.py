@@ -421,15 +421,15 @@ def _threads() -> int:
     return len(_thread_ids())
 
 
-def _thread_names(tids: set[str]) -> list[str]:
-    """Names of this process's threads `tids`: a Python thread's name, else the kernel's (`comm`)."""
+def _thread_names(tids: set[str]) -> list[tuple[str, str]]:
+    """(tid, name) of this process's threads `tids`: a Python thread's name, else the kernel's (`comm`)."""
     import threading
 
     python = {str(t.native_id): t.name for t in threading.enumerate()}
     names = []
     for tid in sorted(tids):
         try:
-            names.append(python.get(tid) or Path(f"/proc/self/task/{tid}/comm").read_text().strip())
+            names.append((tid, python.get(tid) or Path(f"/proc/self/task/{tid}/comm").read_text().strip()))
         except OSError:  # ended meanwhile
             pass
     return names
@@ -479,20 +479,37 @@ def _warm_up(settle: Callable[[], object] = lambda: None) -> tuple[float, str]:
     """rewards.queue.compile_warmup.warm_up, timed. Its failure is a message, never the end of the
     zygote: the children then import and hash on their first compile, as without it. `settle` runs
     after it and before the threads are counted: the threads that count are those the first fork
-    would find (`preload` shuts NVML down there)."""
+    would find (`preload` shuts NVML down there). The message names each such thread with the
+    warm-up step after which it was first seen, and says whether the CUDA driver's library is loaded."""
     before, start = _thread_ids(), time.perf_counter()
+    seen: dict[str, str] = {}
+
+    def done(step: str) -> None:
+        for tid in _thread_ids() - before - seen.keys():
+            seen[tid] = step
+
     try:
         from rewards.queue.compile_warmup import warm_up
 
-        warm_up()
+        warm_up(done)
     except Exception as exc:  # noqa: BLE001 - an optimisation that failed; the zygote serves on
         error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
     else:
+        done("end")
         settle()
         extra = _thread_ids() - before  # a fork copies only the forking thread
-        names = ", ".join(_thread_names(extra))
-        error = f"the warm-up left {len(extra)} thread(s) running ({names})" if extra else ""
+        names = ", ".join(f"{name} after {seen.get(tid, 'end')}" for tid, name in _thread_names(extra))
+        driver = "; libcuda.so.1 is loaded" if _mapped("libcuda.so") else ""
+        error = f"the warm-up left {len(extra)} thread(s) running ({names}){driver}" if extra else ""
     return (time.perf_counter() - start) * 1e3, error
+
+
+def _mapped(library: str) -> bool:
+    """Whether a file whose name contains `library` is mapped into this process."""
+    try:
+        return library in Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
 
 
 def preload(warm_up: bool = True) -> tuple[float, str]:
