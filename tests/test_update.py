@@ -20,6 +20,7 @@ from rl.learner.update import (
     advantages_and_returns,
     compute_values,
     group_advantages,
+    mixed_groups,
     ppo_step,
     reward_reach,
     sft_step,
@@ -192,6 +193,8 @@ def test_the_group_baseline_gives_every_action_its_reward_minus_its_groups_mean(
     want = [[0, 0, 0, 0, 0], [0, -2, 0, -2, 0], [0, 2, 0, 2, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0]]
     for g, w in zip(got, want):
         torch.testing.assert_close(g, torch.tensor(w, dtype=torch.float32))
+    assert mixed_groups(samples) == 3 / 5  # x's three samples teach; y and z alone do not
+    assert mixed_groups([of("a", "x", 1.0), of("b", "x", 1.0)]) == 0.0 and mixed_groups([]) == 0.0
 
 
 def test_a_ppo_step_with_the_group_baseline_ignores_the_critic_for_the_policy(models):
@@ -452,7 +455,7 @@ def test_two_ranks_group_baseline_equals_one_process(two_ranks):
     got, want = result["after_grouped"][0], result["ref_after_grouped"][0]
     for k in want:
         torch.testing.assert_close(got[k], want[k], atol=2e-5, rtol=1e-4, msg=k)
-    for key in ("policy_loss", "value_loss", "advantage_mean", "reward_reach"):
+    for key in ("policy_loss", "value_loss", "advantage_mean", "reward_reach", "mixed_groups"):
         assert result["grouped"][key] == pytest.approx(ref["grouped"][key], rel=1e-4, abs=1e-6), key
 
 

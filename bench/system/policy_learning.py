@@ -87,6 +87,8 @@ class PpoStep(Struct, frozen=True, kw_only=True):
     reward_mean: float
     pass_rate: float
     reward_reach: float | None = None  # the reward's weight on each sample's first action (rl.learner.update)
+    mixed_groups: float | None = None  # the share of samples whose group's rewards differ (rl.learner.update)
+    entropy: float | None = None  # the policy's mean entropy per action token, nats
 
 
 class SeedResult(Struct, kw_only=True):
@@ -143,7 +145,8 @@ def ppo_steps(run_dir: str | Path) -> list[PpoStep]:
         if m.get("stage") == "ppo" and "rollout/reward_mean" in m:
             steps.append(PpoStep(step=int(m["step"]), reward_mean=float(m["rollout/reward_mean"]),
                                  pass_rate=float(m.get("rollout/pass_rate", math.nan)),
-                                 reward_reach=m.get("train/reward_reach")))
+                                 reward_reach=m.get("train/reward_reach"), mixed_groups=m.get("train/mixed_groups"),
+                                 entropy=m.get("train/entropy")))
     return steps
 
 
@@ -343,15 +346,18 @@ def markdown(results: list[SeedResult], policy: str, v: dict[str, Any]) -> str:
         lines.append(f"- the whole run: {v['wall_s'] / 60:.1f} min (target <= {WALL_TARGET_S / 60:.0f} min): "
                      f"{'met' if v['wall_target_met'] else 'NOT met'}")
     if steps := max((len(r.ppo_steps) for r in results), default=0):
-        lines += ["", "PPO steps on the training split (rollout mean reward / pass rate; the reward's weight on each "
-                      "sample's first action, `train/reward_reach`):", "",
-                  "| seed | " + " | ".join(f"step {k + 1}" for k in range(steps)) + " | reward reach |",
-                  "|---" * (steps + 2) + "|"]
+        lines += ["", "PPO steps on the training split (rollout mean reward / pass rate), and over the steps: the "
+                      "reward's weight on each sample's first action (`train/reward_reach`), the share of samples "
+                      "whose group's rewards differ (`train/mixed_groups`), the policy's entropy per action token:", "",
+                  "| seed | " + " | ".join(f"step {k + 1}" for k in range(steps)) + " | reward reach | mixed groups "
+                  "| entropy |",
+                  "|---" * (steps + 4) + "|"]
         for r in results:
             cells = [f"{x.reward_mean:+.3f} / {100 * x.pass_rate:.0f}%" for x in r.ppo_steps]
             cells += ["-"] * (steps - len(cells))
-            reach = [x.reward_reach for x in r.ppo_steps if x.reward_reach is not None]
-            cells.append(f"{statistics.fmean(reach):.3g}" if reach else "-")
+            for field, form in (("reward_reach", "{:.3g}"), ("mixed_groups", "{:.0%}"), ("entropy", "{:.3f}")):
+                values = [getattr(x, field) for x in r.ppo_steps if getattr(x, field) is not None]
+                cells.append(form.format(statistics.fmean(values)) if values else "-")
             lines.append(f"| {r.seed} | " + " | ".join(cells) + " |")
     return "\n".join([*lines, ""])
 

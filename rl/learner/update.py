@@ -175,7 +175,7 @@ def ppo_step(
         m.max("grad_norm_actor", _clip_and_step(actor, actor_opt, cfg.max_grad_norm, m))
         m.max("grad_norm_critic", _clip_and_step(critic, critic_opt, cfg.max_grad_norm, m))
     out = m.result(group, updates=cfg.updates_per_batch, tokens=_global_tokens(mbs, device, group), actions=actions)
-    return out | {"reward_reach": reward_reach(samples, cfg, device, group)}
+    return out | {"reward_reach": reward_reach(samples, cfg, device, group), "mixed_groups": mixed_groups(samples, group)}
 
 
 def group_advantages(samples: Sequence[Sample], group=None) -> list[Tensor]:
@@ -188,6 +188,19 @@ def group_advantages(samples: Sequence[Sample], group=None) -> list[Tensor]:
             sums[group_id] += reward
             counts[group_id] += 1
     return [_actions(s).float() * (s.reward - sums[s.group_id] / counts[s.group_id]) for s in samples]
+
+
+def mixed_groups(samples: Sequence[Sample], group=None) -> float:
+    """The share of the batch's samples (over all ranks) whose group's rewards are not all equal:
+    with the group baseline only those samples have a nonzero advantage."""
+    rewards: dict[str, set[float]] = defaultdict(set)
+    counts: dict[str, int] = defaultdict(int)
+    for rank_samples in _gathered([(s.group_id, s.reward) for s in samples], group):
+        for group_id, reward in rank_samples:
+            rewards[group_id].add(reward)
+            counts[group_id] += 1
+    total = sum(counts.values())
+    return sum(n for g, n in counts.items() if len(rewards[g]) > 1) / total if total else 0.0
 
 
 def reward_reach(samples: Sequence[Sample], cfg: PPOConfig, device, group=None, *, policy: bool = True) -> float:
