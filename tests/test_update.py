@@ -20,6 +20,7 @@ from rl.learner.update import (
     advantages_and_returns,
     compute_values,
     group_advantages,
+    group_rewards,
     mixed_groups,
     ppo_step,
     reward_reach,
@@ -189,12 +190,12 @@ def test_the_group_baseline_gives_every_action_its_reward_minus_its_groups_mean(
                       weight_version=0)  # fmt: skip
 
     samples = [of("a", "x", 1.0), of("b", "x", -1.0), of("c", "x", 3.0), of("d", "y", 2.0), of("e", "z", -1.0)]
-    got = group_advantages(samples)  # x's mean 1; y and z alone: 0
+    got = group_advantages(samples, group_rewards(samples))  # x's mean 1; y and z alone: 0
     want = [[0, 0, 0, 0, 0], [0, -2, 0, -2, 0], [0, 2, 0, 2, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0]]
     for g, w in zip(got, want):
         torch.testing.assert_close(g, torch.tensor(w, dtype=torch.float32))
-    assert mixed_groups(samples) == 3 / 5  # x's three samples teach; y and z alone do not
-    assert mixed_groups([of("a", "x", 1.0), of("b", "x", 1.0)]) == 0.0 and mixed_groups([]) == 0.0
+    assert mixed_groups(group_rewards(samples)) == 3 / 5  # x's three samples teach; y and z alone do not
+    assert mixed_groups(group_rewards([of("a", "x", 1.0), of("b", "x", 1.0)])) == 0.0 and mixed_groups({}) == 0.0
 
 
 def test_a_ppo_step_with_the_group_baseline_ignores_the_critic_for_the_policy(models):

@@ -153,8 +153,9 @@ def ppo_step(
     """
     values = compute_values(critic, samples, cfg, device, group=group)
     advantages, returns = advantages_and_returns(samples, values, cfg)
+    by_group = group_rewards(samples, group)
     if cfg.baseline == "group":
-        advantages = group_advantages(samples, group)
+        advantages = group_advantages(samples, by_group)
     if cfg.normalize_advantages:
         advantages = _whiten_global(advantages, samples, device, group)
     fields: Fields = {"advantages": advantages, "returns": returns, "old_values": values}
@@ -175,32 +176,31 @@ def ppo_step(
         m.max("grad_norm_actor", _clip_and_step(actor, actor_opt, cfg.max_grad_norm, m))
         m.max("grad_norm_critic", _clip_and_step(critic, critic_opt, cfg.max_grad_norm, m))
     out = m.result(group, updates=cfg.updates_per_batch, tokens=_global_tokens(mbs, device, group), actions=actions)
-    return out | {"reward_reach": reward_reach(samples, cfg, device, group), "mixed_groups": mixed_groups(samples, group)}
+    return out | {"reward_reach": reward_reach(samples, cfg, device, group), "mixed_groups": mixed_groups(by_group)}
 
 
-def group_advantages(samples: Sequence[Sample], group=None) -> list[Tensor]:
-    """Per sample, token-indexed: its reward minus its group's mean reward on every action (token
-    0 never is one), 0 elsewhere. The groups' sums come from every rank's samples."""
-    sums: dict[str, float] = defaultdict(float)
-    counts: dict[str, int] = defaultdict(int)
+def group_rewards(samples: Sequence[Sample], group=None) -> dict[str, list[float]]:
+    """Every group's rewards, from every rank's samples (one collective)."""
+    by_group: dict[str, list[float]] = defaultdict(list)
     for rank_samples in _gathered([(s.group_id, s.reward) for s in samples], group):
         for group_id, reward in rank_samples:
-            sums[group_id] += reward
-            counts[group_id] += 1
-    return [_actions(s).float() * (s.reward - sums[s.group_id] / counts[s.group_id]) for s in samples]
+            by_group[group_id].append(reward)
+    return by_group
 
 
-def mixed_groups(samples: Sequence[Sample], group=None) -> float:
-    """The share of the batch's samples (over all ranks) whose group's rewards are not all equal:
-    with the group baseline only those samples have a nonzero advantage."""
-    rewards: dict[str, set[float]] = defaultdict(set)
-    counts: dict[str, int] = defaultdict(int)
-    for rank_samples in _gathered([(s.group_id, s.reward) for s in samples], group):
-        for group_id, reward in rank_samples:
-            rewards[group_id].add(reward)
-            counts[group_id] += 1
-    total = sum(counts.values())
-    return sum(n for g, n in counts.items() if len(rewards[g]) > 1) / total if total else 0.0
+def group_advantages(samples: Sequence[Sample], by_group: dict[str, list[float]]) -> list[Tensor]:
+    """Per sample, token-indexed: its reward minus its group's mean reward (`group_rewards`) on
+    every action (token 0 never is one), 0 elsewhere."""
+    return [_actions(s).float() * (s.reward - sum(by_group[s.group_id]) / len(by_group[s.group_id]))
+            for s in samples]
+
+
+def mixed_groups(by_group: dict[str, list[float]]) -> float:
+    """The share of the batch's samples whose group's rewards (`group_rewards`) are not all
+    equal: with the group baseline only those samples have a nonzero advantage."""
+    total = sum(len(rewards) for rewards in by_group.values())
+    mixed = sum(len(rewards) for rewards in by_group.values() if len(set(rewards)) > 1)
+    return mixed / total if total else 0.0
 
 
 def reward_reach(samples: Sequence[Sample], cfg: PPOConfig, device, group=None, *, policy: bool = True) -> float:
