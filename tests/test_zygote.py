@@ -319,7 +319,6 @@ def test_a_spare_that_died_waiting_means_a_forked_child(tmp_path, spares):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_spare_makes_its_cuda_context_ahead_and_its_child_verifies_on_the_gpu(tmp_path, spares):
     def on_gpu(name: str, text: str):
         cand = tmp_path / name / "candidate"
@@ -350,8 +349,7 @@ def test_a_zygote_that_cannot_start_means_spawn(tmp_path, monkeypatch, caplog):
         child.close()
 
 
-_ON_A_GPU = pytest.param("gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(
-    not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")])
+_ON_A_GPU = pytest.param("gpu", marks=pytest.mark.gpu)  # tests/conftest.py skips it without CUDA
 
 
 @pytest.mark.parametrize("machine", ["any", _ON_A_GPU])
