@@ -49,13 +49,13 @@ FIRST_CALL_MODULES = (  # what a first compiled call served from the cache still
 def warm_up(done: Callable[[str], object] = lambda step: None) -> None:
     """Import MODULES and Dynamo's backends, register Inductor's device backends, hash the
     sources in Inductor's cache keys, import FIRST_CALL_MODULES (those this torch has). Calls
-    `done(step)` after each of those steps (the zygote's thread check says which step left a
-    thread). Raises what an import raises."""
+    `done(step)` after each of those steps, each of MODULES a step of its own (the zygote's thread
+    check says which step left a thread or loaded the driver). Raises what an import raises."""
     import torch
 
     for name in MODULES:
         importlib.import_module(name)
-    done("modules")
+        done(name)
     torch.compiler.list_backends()  # imports every registered backend's module
     done("backends")
     from torch._inductor import codecache

@@ -480,13 +480,17 @@ def _warm_up(settle: Callable[[], object] = lambda: None) -> tuple[float, str]:
     zygote: the children then import and hash on their first compile, as without it. `settle` runs
     after it and before the threads are counted: the threads that count are those the first fork
     would find (`preload` shuts NVML down there). The message names each such thread with the
-    warm-up step after which it was first seen, and says whether the CUDA driver's library is loaded."""
+    warm-up step after which it was first seen, and says which step loaded the CUDA driver's library
+    (libcuda.so.1), if any did."""
     before, start = _thread_ids(), time.perf_counter()
     seen: dict[str, str] = {}
+    driver = ["before the warm-up"] if _mapped("libcuda.so") else []  # the step that loaded it
 
     def done(step: str) -> None:
         for tid in _thread_ids() - before - seen.keys():
             seen[tid] = step
+        if not driver and _mapped("libcuda.so"):
+            driver.append(f"by {step}")
 
     try:
         from rewards.queue.compile_warmup import warm_up
@@ -499,8 +503,8 @@ def _warm_up(settle: Callable[[], object] = lambda: None) -> tuple[float, str]:
         settle()
         extra = _thread_ids() - before  # a fork copies only the forking thread
         names = ", ".join(f"{name} after {seen.get(tid, 'end')}" for tid, name in _thread_names(extra))
-        driver = "; libcuda.so.1 is loaded" if _mapped("libcuda.so") else ""
-        error = f"the warm-up left {len(extra)} thread(s) running ({names}){driver}" if extra else ""
+        loaded = f"; libcuda.so.1 was loaded {driver[0]}" if driver else "; libcuda.so.1 is not loaded"
+        error = f"the warm-up left {len(extra)} thread(s) running ({names}){loaded}" if extra else ""
     return (time.perf_counter() - start) * 1e3, error
 
 
