@@ -1,0 +1,63 @@
+"""Which of the zygote's start-up steps loads the CUDA driver's library or starts a thread:
+`python -m bench.system.zygote_threads`.
+
+What it is: the zygote's preparation (`rewards.queue.zygote_server.preload`) replayed one step at a
+time in this process, NVML_CHECK set as the zygote sets it: each PRELOAD import, then each step of
+the compile warm-up (`rewards.queue.compile_warmup.warm_up`), then NVML's release. After each step
+it prints one JSON line: the step, the threads that appeared (kernel names), and whether
+libcuda.so.1 is mapped now. Every `ctypes` load of a library named libcuda prints the Python stack
+that asked for it (an audit hook), so a load from Python code names its caller; a load by a C
+extension shows only as the step after which the library is mapped.
+
+What it is not: the zygote. It forks nothing and serves nothing; the zygote's own check
+(`zygote_server._warm_up`) is what the GPU test `test_the_zygote_starts_without_cuda_threads_or_files`
+asserts on.
+
+    python -m bench.system.zygote_threads
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import sys
+import traceback
+
+import orjson
+
+from rewards.queue import compile_warmup, zygote_server
+
+
+def _dlopen_stack(event: str, args: tuple) -> None:
+    if event == "ctypes.dlopen" and "libcuda" in str(args[0]):
+        stack = "".join(traceback.format_stack(limit=14)[:-1])
+        print(f"ctypes loads {args[0]} from:\n{stack}", file=sys.stderr, flush=True)
+
+
+def main() -> int:
+    sys.addaudithook(_dlopen_stack)
+    os.environ.update(zygote_server.NVML_CHECK)
+    known = zygote_server._thread_ids()
+
+    def report(step: str) -> None:
+        nonlocal known
+        now = zygote_server._thread_ids()
+        new = [name for _, name in zygote_server._thread_names(now - known)]
+        known = now
+        line = {"step": step, "new_threads": new, "libcuda_mapped": zygote_server._mapped("libcuda.so")}
+        print(orjson.dumps(line).decode(), flush=True)
+
+    report("start")
+    for name in zygote_server.PRELOAD:
+        importlib.import_module(name)
+        report(f"preload {name}")
+    compile_warmup.warm_up(lambda step: report(f"warm_up {step}"))
+    release = functools.partial(zygote_server._release_nvml, zygote_server._library("libnvidia-ml.so.1"))
+    released = release()
+    report(f"NVML released ({released} shutdowns)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
