@@ -7,7 +7,9 @@ the compile warm-up (`rewards.queue.compile_warmup.warm_up`), then NVML's releas
 it prints one JSON line: the step, the threads that appeared (kernel names), and whether
 libcuda.so.1 is mapped now. Every `ctypes` load of a library named libcuda prints the Python stack
 that asked for it (an audit hook), so a load from Python code names its caller; a load by a C
-extension shows only as the step after which the library is mapped.
+extension shows only as the step after which the library is mapped. Once torch is imported, each
+call of the `torch.cuda` functions that ask NVML or the driver about devices (WATCHED) prints its
+caller's stack too.
 
 What it is not: the zygote. It forks nothing and serves nothing; the zygote's own check
 (`zygote_server._warm_up`) is what the GPU test `test_the_zygote_starts_without_cuda_threads_or_files`
@@ -27,6 +29,25 @@ import traceback
 import orjson
 
 from rewards.queue import compile_warmup, zygote_server
+
+
+WATCHED = ("is_available", "device_count", "_device_count_nvml", "_raw_device_count_nvml", "current_device",
+           "get_device_capability", "get_device_properties", "_lazy_init")
+
+
+def _watch(module) -> None:
+    """Wrap module's WATCHED functions: each call prints who called it."""
+    for name in WATCHED:
+        inner = getattr(module, name, None)
+        if inner is None:
+            continue
+
+        def watched(*args, _inner=inner, _name=name, **kwargs):
+            stack = "".join(traceback.format_stack(limit=16)[:-1])
+            print(f"torch.cuda.{_name} called from:\n{stack}", file=sys.stderr, flush=True)
+            return _inner(*args, **kwargs)
+
+        setattr(module, name, watched)
 
 
 def _dlopen_stack(event: str, args: tuple) -> None:
@@ -52,6 +73,8 @@ def main() -> int:
     for name in zygote_server.PRELOAD:
         importlib.import_module(name)
         report(f"preload {name}")
+        if name == "torch":
+            _watch(sys.modules["torch"].cuda)
     compile_warmup.warm_up(lambda step: report(f"warm_up {step}"))
     release = functools.partial(zygote_server._release_nvml, zygote_server._library("libnvidia-ml.so.1"))
     released = release()
