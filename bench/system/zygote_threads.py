@@ -4,8 +4,8 @@
 What it is: the zygote's preparation (`rewards.queue.zygote_server.preload`) replayed one step at a
 time in this process, NVML_CHECK set as the zygote sets it: each PRELOAD import, then each step of
 the compile warm-up (`rewards.queue.compile_warmup.warm_up`), then NVML's release. After each step
-it prints one JSON line: the step, the threads that appeared (kernel names), and whether
-libcuda.so.1 is mapped now. Every `ctypes` load of a library named libcuda prints the Python stack
+it prints one JSON line: the step, the threads that appeared (kernel names), whether libcuda.so.1
+is mapped now and whether NVML is initialised. Every `ctypes` load of a library named libcuda prints the Python stack
 that asked for it (an audit hook), so a load from Python code names its caller; a load by a C
 extension shows only as the step after which the library is mapped. Once torch is imported, each
 call of the `torch.cuda` functions that ask NVML or the driver about devices (WATCHED) prints its
@@ -20,6 +20,7 @@ asserts on.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib
 import os
@@ -50,6 +51,16 @@ def _watch(module) -> None:
         setattr(module, name, watched)
 
 
+def _nvml_initialised() -> bool | None:
+    """Whether NVML is initialised now (asking for the device count initialises nothing: before
+    nvmlInit it answers NVML_ERROR_UNINITIALIZED, 1); None without NVML's library."""
+    nvml = zygote_server._library("libnvidia-ml.so.1")
+    if nvml is None:
+        return None
+    count = ctypes.c_uint()
+    return nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 1
+
+
 def _dlopen_stack(event: str, args: tuple) -> None:
     if event == "ctypes.dlopen" and "libcuda" in str(args[0]):
         stack = "".join(traceback.format_stack(limit=14)[:-1])
@@ -66,7 +77,8 @@ def main() -> int:
         now = zygote_server._thread_ids()
         new = [name for _, name in zygote_server._thread_names(now - known)]
         known = now
-        line = {"step": step, "new_threads": new, "libcuda_mapped": zygote_server._mapped("libcuda.so")}
+        line = {"step": step, "new_threads": new, "libcuda_mapped": zygote_server._mapped("libcuda.so"),
+                "nvml_initialised": _nvml_initialised()}
         print(orjson.dumps(line).decode(), flush=True)
 
     report("start")
