@@ -3,9 +3,11 @@ stops them.
 
 What it is: `LearnerGroup`, an async context manager owned by `cuda-agent train`. It launches
 the ranks as one process group (`torchrun` over the learner GPUs, or a single `python -m
-rl.learner.rank` for one rank), waits until every rank's HTTP server answers, and then exposes the
-learner commands (`step`, `sync_weights`, `save`, `load`, `release`, `resume`) and the ranks'
-engine URLs (each rank serves SGLang's native API for its embedded engine).
+rl.learner.rank` for one rank), waits until every rank's HTTP server answers `/health` with this
+start's launch id (a random token passed on the command line: another run's learner on the same
+ports answers with its own, and the start fails at once), and then exposes the learner commands
+(`step`, `sync_weights`, `save`, `load`, `release`, `resume`) and the ranks' engine URLs (each
+rank serves SGLang's native API for its embedded engine).
 What it is not: the training loop (`rl/train.py`), the rank itself (`rl/learner/rank.py`) or the
 messages (`rl/learner/protocol.py`).
 
@@ -23,18 +25,21 @@ from __future__ import annotations
 import logging
 import os
 import random
+import secrets
 import sys
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import anyio
 import httpx
+import msgspec
 from anyio.abc import Process
 
 from agentcore.lifeline import lifeline_argv
 from agentcore.sglang.launcher import free_port, port_free, terminate_group
 from rl.config import TrainConfig
 from rl.learner.protocol import (
+    HEALTH,
     INFO,
     LOAD,
     RELEASE,
@@ -82,7 +87,10 @@ class LearnerGroup:
         self.port_base = cfg.layout.port_base or _free_port_run(self.world_size)
         self.urls = [f"http://127.0.0.1:{self.port_base + r}" for r in range(self.world_size)]
         self.log_path = run_dir / "learner.log"
+        self.launch_id = secrets.token_hex(8)  # names this start's ranks in their /health
+        self._log_start = 0  # the log's size when these ranks started (a resumed run appends to it)
         self._process: Process | None = None
+        self._ready = False  # every rank answered as ours: only then may aclose send them shutdown
         self._http: httpx.AsyncClient | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -91,6 +99,7 @@ class LearnerGroup:
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(COMMAND_TIMEOUT_S, connect=10.0))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as logf:
+            self._log_start = logf.tell()
             self._process = await anyio.open_process(  # ranks die with this process, even on kill -9
                 lifeline_argv(self.command()), env=self.environment(), stdout=logf, stderr=logf,
                 start_new_session=True,
@@ -108,15 +117,18 @@ class LearnerGroup:
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
             if self._process is not None and self._process.returncode is None:
-                with anyio.move_on_after(10):
-                    await self._post_all(SHUTDOWN, Empty(), check=False)
+                if self._ready:  # before that a port may be another run's learner, not to be shut down
+                    with anyio.move_on_after(10):
+                        await self._post_all(SHUTDOWN, Empty(), check=False)
                 await terminate_group(self._process, grace_s=20.0)
             if self._http is not None:
                 await self._http.aclose()
             self._process = self._http = None
+            self._ready = False
 
     def command(self) -> list[str]:
-        args = ["-m", "rl.learner.rank", "--run-dir", str(self.run_dir), "--port-base", str(self.port_base)]
+        args = ["-m", "rl.learner.rank", "--run-dir", str(self.run_dir), "--port-base", str(self.port_base),
+                "--launch-id", self.launch_id]
         if self.world_size == 1:
             return [sys.executable, *args]
         master = free_port()
@@ -139,26 +151,53 @@ class LearnerGroup:
 
     async def _wait_ready(self) -> None:
         with anyio.fail_after(STARTUP_TIMEOUT_S):
-            pending = set(self.urls)
+            pending = set(range(self.world_size))
             while pending:
                 if self._process.returncode is not None:
-                    raise LearnerError(f"learner ranks exited with {self._process.returncode}:\n{self.log_tail()}")
-                for url in list(pending):
-                    try:
-                        r = await self._http.get(url + "/health", timeout=2.0)
-                        if r.status_code == 200:
-                            pending.discard(url)
-                    except httpx.HTTPError:
-                        pass
+                    raise LearnerError(f"learner ranks exited with {self._process.returncode}: {self.rank_errors()}\n"
+                                       f"{self.log_tail()}")
+                for rank in list(pending):
+                    if await self._answers_as_ours(rank):
+                        pending.discard(rank)
                 if pending:
                     await anyio.sleep(0.5)
+        self._ready = True
         log.info("learner: %d rank(s) ready at %s", self.world_size, ", ".join(self.urls))
 
-    def log_tail(self, lines: int = 40) -> str:
+    async def _answers_as_ours(self, rank: int) -> bool:
+        """Whether `rank`'s port answers `/health` with this start's launch id. Another run's
+        learner there raises at once; anything else (nothing listening yet, a server that is no
+        learner) is not ready, and a rank that cannot bind exits saying so."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            r = await self._http.get(self.urls[rank] + HEALTH.path, timeout=2.0)
+            if r.status_code != 200:
+                return False
+            health = HEALTH.decode_reply(r.content)
+        except (httpx.HTTPError, msgspec.DecodeError):
+            return False
+        if health.launch_id != self.launch_id:
+            raise LearnerError(f"learner rank {rank}'s port {self.port_base + rank} is served by another run's learner "
+                               f"(run dir {health.run_dir}): set layout.port_base to a free range (0 picks one)")
+        return True
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self._log_lines()[-lines:]) or "(no learner log)"
+
+    def rank_errors(self, last: int = 3) -> str:
+        """This start's last ERROR lines of the ranks (`rl/learner/rank.py` logs them as "... ERROR
+        rank: ..."), without their time stamps: torchrun's failure summary alone fills the log's tail."""
+        marker = " ERROR rank: "
+        errors = [line.split(marker, 1)[1] for line in self._log_lines(self._log_start) if marker in line]
+        return "; ".join(errors[-last:]) or "no rank logged an error (see the log's tail)"
+
+    def _log_lines(self, start: int = 0) -> list[str]:
+        """The learner log's lines from byte `start` on."""
+        try:
+            with open(self.log_path, "rb") as log_file:
+                log_file.seek(start)
+                return log_file.read().decode(errors="replace").splitlines()
         except OSError:
-            return "(no learner log)"
+            return []
 
     # -- commands -----------------------------------------------------------------------------
 

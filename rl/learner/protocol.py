@@ -3,8 +3,9 @@
 What it is: the bodies `rl/learner_client.py` posts to every rank under `/learner/` and the
 answers `rl/learner/rank.py` gives, as frozen Structs, and the route table (`STEP`, `SYNC`, ...)
 that pairs each path with its two types and decodes replies with a decoder built once. A failed
-command answers 500 with a `Failure`. A step's batch travels as a msgpack file next to the run
-(`encode_samples`), its path in the request.
+command answers 500 with a `Failure`. `GET /health` names the run and the driver's start
+(`HealthReply`), so the driver tells its own ranks from another run's on the same port. A step's
+batch travels as a msgpack file next to the run (`encode_samples`), its path in the request.
 What it is not: the transport (`rl/engine/http.py`) or what the commands do (`rl/learner/rank.py`).
 
 Example:
@@ -88,6 +89,16 @@ class ReleaseRequest(Struct, frozen=True, kw_only=True):
     """Also a colocated SGLang server's weights (a weight sync follows and restores them)."""
 
 
+class HealthReply(Struct, frozen=True, kw_only=True):
+    """A rank is serving, and for which start of which run: the driver takes the rank as its own
+    only when `launch_id` is the one it passed (another run's learner may hold the port)."""
+
+    run_dir: str
+    launch_id: str
+    """The random token the driver passed to this start of the ranks (`--launch-id`); empty for a
+    rank no driver started (benchmarks)."""
+
+
 class InfoReply(Struct, frozen=True, kw_only=True):
     rank: int
     world_size: int
@@ -133,6 +144,7 @@ LOAD = Route("POST", "/learner/load", LoadRequest, LoadReply)
 RELEASE = Route("POST", "/learner/release", ReleaseRequest, Empty)
 RESUME = Route("POST", "/learner/resume", Empty, Empty)
 INFO = Route("GET", "/learner/info", Empty, InfoReply)
+HEALTH = Route("GET", "/health", Empty, HealthReply)
 SHUTDOWN = Route("POST", "/learner/shutdown", Empty, Empty)
 
 _encoder = msgspec.json.Encoder()

@@ -1,5 +1,5 @@
-"""A learner rank process: `python -m rl.learner.rank --run-dir RUN --port-base P` (under torchrun for
-several GPUs, started by `rl/learner_client.py`).
+"""A learner rank process: `python -m rl.learner.rank --run-dir RUN --port-base P --launch-id ID` (under
+torchrun for several GPUs, started by `rl/learner_client.py`).
 
 What it is: the process that owns one GPU's share of the learner (FSDP2 actor and critic) and,
 colocated on the same GPU, an embedded engine replica. One HTTP server on port P + rank speaks
@@ -17,9 +17,11 @@ Structs of `rl/learner/protocol.py`):
   POST /learner/resume                               restore what release freed and the sync did not
   GET  /learner/info     -> InfoReply                rank, world size, device, version
   POST /learner/shutdown                             finish the save in flight, stop serving and exit
+  GET  /health           -> HealthReply              the run directory and the driver's launch id
 Commands are collectives: the driver sends each to every rank, and they run one at a time in a
 worker thread, so generation requests and health checks are still answered meanwhile. A failed
-command answers 500 with a `Failure` (the driver raises `LearnerError` with its message).
+command answers 500 with a `Failure` (the driver raises `LearnerError` with its message). A rank
+whose port is taken exits with one line naming the port and `layout.port_base`.
 With `engine.kind=sglang` there is no embedded engine: `weight_sync.mode=sglang_tensor` makes
 rank r publish to `engine.urls[r]` (the server colocated on its GPU) through
 `rl.weight_sync.sync_tensor` - the rank owns the gathered bf16 buckets, so the server opens their
@@ -65,6 +67,7 @@ from rl.learner.fsdp import (
 )
 from rl.learner.models import hf_model
 from rl.learner.protocol import (
+    HEALTH,
     INFO,
     LOAD,
     RELEASE,
@@ -76,6 +79,7 @@ from rl.learner.protocol import (
     WAIT,
     Empty,
     Failure,
+    HealthReply,
     InfoReply,
     LoadReply,
     LoadRequest,
@@ -96,11 +100,17 @@ from rl.weight_sync import sync_tensor
 log = logging.getLogger("cuda-agent.rank")
 
 
+class PortTaken(RuntimeError):
+    """This rank's HTTP port is bound by another process (often another run's learner)."""
+
+
 class Rank:
     """The learner and engine of this process, and the command handlers over them."""
 
-    def __init__(self, cfg: TrainConfig, run_dir: Path, dist: Dist, learner: Learner, engine: EmbeddedEngine | None):
+    def __init__(self, cfg: TrainConfig, run_dir: Path, dist: Dist, learner: Learner, engine: EmbeddedEngine | None,
+                 *, launch_id: str = ""):
         self.cfg, self.run_dir, self.dist, self.learner, self.engine = cfg, run_dir, dist, learner, engine
+        self.launch_id = launch_id  # the driver's token for this start, answered by /health
         self.commands = anyio.CapacityLimiter(1)  # collectives run one at a time, in order
         self.stop = anyio.Event()
         self.server: SGLangClient | None = None  # sglang_tensor: this rank's colocated server
@@ -239,6 +249,9 @@ class Rank:
         return InfoReply(rank=d.rank, world_size=d.world_size, device=str(d.device),
                          version=self.learner.version, optimizer_steps=self.learner.optimizer_steps)
 
+    async def health(self, req: Empty) -> HealthReply:
+        return HealthReply(run_dir=str(self.run_dir), launch_id=self.launch_id)
+
     async def shutdown(self, req: Empty) -> Empty:
         """Stop serving once the save in flight is committed: the driver ends (and SIGTERMs the
         ranks) when this answers, and the run's last checkpoint and RUN/hf must exist by then."""
@@ -252,6 +265,7 @@ class Rank:
         table: dict[Route, Callable[[Any], Awaitable[msgspec.Struct]]] = {
             STEP: self.step, SYNC: self.sync, SAVE: self.save, WAIT: self.wait, LOAD: self.load,
             RELEASE: self.release, RESUME: self.resume, INFO: self.info, SHUTDOWN: self.shutdown,
+            HEALTH: self.health,  # with an embedded engine, in place of SGLang's empty /health
         }
         return {(route.method, route.path): _answering(route, fn) for route, fn in table.items()}
 
@@ -288,27 +302,29 @@ def build_engine(cfg: TrainConfig, dist: Dist, learner: Learner) -> EmbeddedEngi
 
 
 async def serve(rank: Rank, port: int) -> None:
+    """Serve the rank's routes on `port` until shutdown; raises `PortTaken` if it cannot bind."""
     async with rank.colocated_server(), anyio.create_task_group() as tg:
         if rank.engine is not None:
             server = EngineServer(rank.engine, EngineServerConfig(port=port, model_path=str(rank.run_dir)),
                                   routes=rank.routes())
             await tg.start(rank.engine.serve)
         else:
-            server = HttpServer({**rank.routes(), ("GET", "/health"): _ok}, HttpServerConfig(port=port))
-        await tg.start(server.serve)
+            server = HttpServer(rank.routes(), HttpServerConfig(port=port))
+        try:
+            await tg.start(server.serve)
+        except OSError as exc:
+            raise PortTaken(f"learner rank {rank.dist.rank} cannot listen on port {port} ({exc.strerror or exc}): "
+                            "set layout.port_base to a free range (0 picks one)") from None
         log.info("rank %d serving on port %d", rank.dist.rank, port)
         await rank.stop.wait()
         tg.cancel_scope.cancel()
-
-
-async def _ok(body: Any) -> tuple[int, Any]:
-    return 200, {}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rl.learner.rank")
     p.add_argument("--run-dir", required=True)
     p.add_argument("--port-base", type=int, required=True)
+    p.add_argument("--launch-id", required=True)
     a = p.parse_args(argv)
     die_with_parent()  # under torchrun the parent is its agent, which dies with the trainer (lifeline)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s rank: %(message)s")
@@ -318,14 +334,17 @@ def main(argv: list[str] | None = None) -> int:
     if dist.device.type == "cpu":
         torch.set_num_threads(max(1, torch.get_num_threads() // dist.world_size))
     learner = Learner.build(cfg, dist)
-    rank = Rank(cfg, run_dir, dist, learner, build_engine(cfg, dist, learner))
-    finished = False
+    rank = Rank(cfg, run_dir, dist, learner, build_engine(cfg, dist, learner), launch_id=a.launch_id)
+    finished, code = False, 0
     try:
         anyio.run(serve, rank, a.port_base + dist.rank, backend_options={"use_uvloop": True})
         finished = True
+    except* PortTaken as taken:  # one line for the driver's "learner ranks exited" error, no traceback
+        log.error("%s", taken.exceptions[0])
+        code = 1
     finally:
         close_distributed(sync=finished)
-    return 0
+    return code
 
 
 if __name__ == "__main__":
