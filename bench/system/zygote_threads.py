@@ -7,7 +7,9 @@ the compile warm-up (`rewards.queue.compile_warmup.warm_up`), then NVML's releas
 it prints one JSON line: the step, the threads that appeared (kernel names), whether libcuda.so.1
 is mapped now and whether NVML is initialised. Every `ctypes` load of a library named libcuda prints the Python stack
 that asked for it (an audit hook), so a load from Python code names its caller; a load by a C
-extension shows only as the step after which the library is mapped. Once torch is imported, each
+extension shows only as the step after which the library is mapped. Within a step, every import
+is a checkpoint too: a thread, libcuda or NVML that appears between two imports prints a line
+naming both (`after_import_began`, `before_import`). Once torch is imported, each
 call of the `torch.cuda` functions that ask NVML or the driver about devices (WATCHED) prints its
 caller's stack too.
 
@@ -61,15 +63,50 @@ def _nvml_initialised() -> bool | None:
     return nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 1
 
 
-def _dlopen_stack(event: str, args: tuple) -> None:
-    if event == "ctypes.dlopen" and "libcuda" in str(args[0]):
-        stack = "".join(traceback.format_stack(limit=14)[:-1])
-        print(f"ctypes loads {args[0]} from:\n{stack}", file=sys.stderr, flush=True)
+class _ImportWatch:
+    """An audit hook. At each module import it looks for threads that appeared, libcuda.so.1
+    mapped and NVML initialised since the previous import began, and prints one JSON line for
+    each change, naming the two imports. Each ctypes load of libcuda prints its Python stack."""
+
+    def __init__(self) -> None:
+        self.threads = zygote_server._thread_ids()
+        self.libcuda = zygote_server._mapped("libcuda.so")
+        self.nvml = _nvml_initialised()
+        self.last = "(none)"
+        self.on = False  # off until main() has its first report out
+
+    def __call__(self, event: str, args: tuple) -> None:
+        if event == "ctypes.dlopen" and "libcuda" in str(args[0]):
+            stack = "".join(traceback.format_stack(limit=14)[:-1])
+            print(f"ctypes loads {args[0]} from:\n{stack}", file=sys.stderr, flush=True)
+        if event != "import" or not self.on:
+            return
+        self.on = False  # what this check calls imports nothing, but never re-enter it
+        try:
+            self.check(str(args[0]))
+        finally:
+            self.on = True
+
+    def check(self, name: str) -> None:
+        changes = {}
+        threads = zygote_server._thread_ids()
+        if new := threads - self.threads:
+            changes["new_threads"] = [thread for _, thread in zygote_server._thread_names(new)]
+        self.threads = threads
+        if not self.libcuda and (libcuda := zygote_server._mapped("libcuda.so")):
+            changes["libcuda_mapped"] = self.libcuda = libcuda
+        if (nvml := _nvml_initialised()) != self.nvml:
+            changes["nvml_initialised"] = self.nvml = nvml
+        if changes:
+            print(orjson.dumps({"after_import_began": self.last, "before_import": name, **changes}).decode(),
+                  flush=True)
+        self.last = name
 
 
 def main() -> int:
-    sys.addaudithook(_dlopen_stack)
     os.environ.update(zygote_server.NVML_CHECK)
+    watch = _ImportWatch()
+    sys.addaudithook(watch)
     known = zygote_server._thread_ids()
 
     def report(step: str) -> None:
@@ -82,6 +119,7 @@ def main() -> int:
         print(orjson.dumps(line).decode(), flush=True)
 
     report("start")
+    watch.on = True
     for name in zygote_server.PRELOAD:
         importlib.import_module(name)
         report(f"preload {name}")
@@ -90,6 +128,7 @@ def main() -> int:
     compile_warmup.warm_up(lambda step: report(f"warm_up {step}"))
     release = functools.partial(zygote_server._release_nvml, zygote_server._library("libnvidia-ml.so.1"))
     released = release()
+    watch.on = False
     report(f"NVML released ({released} shutdowns)")
     return 0
 
