@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import orjson
+import torch
 
 from rewards.queue import compile_warmup, zygote_server
 
@@ -20,7 +21,9 @@ def test_every_preload_import_and_warm_up_step_is_reported_in_order():
     step_lines = [line for line in lines if "step" in line]
     steps = [line["step"] for line in step_lines]
     assert steps[0] == "start" and steps[-1].startswith("NVML released")
-    expected = [f"preload {name}" for name in zygote_server.PRELOAD] + [f"warm_up {m}" for m in compile_warmup.MODULES]
+    counted = f"{torch.cuda.device_count()} device(s) counted in a child"
+    expected = (["preload torch", counted] + [f"preload {name}" for name in zygote_server.PRELOAD if name != "torch"]
+                + [f"warm_up {m}" for m in compile_warmup.MODULES])
     assert steps[1:1 + len(expected)] == expected
     assert "warm_up first_call_modules" in steps
     assert all(set(line) == {"step", "new_threads", "libcuda_mapped", "nvml_initialised"} for line in step_lines)

@@ -369,6 +369,35 @@ def test_the_zygote_starts_without_cuda_threads_or_files(tmp_path, machine):
     assert [p for p in tmp.rglob("*") if not p.is_dir()] == []
 
 
+@pytest.mark.parametrize("machine", ["any", _ON_A_GPU])
+def test_the_device_count_is_taken_in_a_child_and_answered_only_inside(machine):
+    """The zygote never asks NVML or the driver itself: a forked child counts, and torch.cuda's
+    questions are answered from that count inside `devices_answered` only."""
+    script = """
+import json, threading, torch
+from rewards.queue import zygote_server as z
+threads = threading.active_count()
+count = z._count_devices_in_a_child()
+own = torch.cuda.is_available, torch.cuda.device_count
+with z.devices_answered(torch.cuda, count):
+    inside = [torch.cuda.is_available(), torch.cuda.device_count()]
+print(json.dumps({"count": count, "inside": inside, "restored": own == (torch.cuda.is_available, torch.cuda.device_count),
+                  "new_threads": threading.active_count() - threads, "direct": torch.cuda.device_count()}))
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)
+    seen = json.loads(run.stdout.splitlines()[-1])
+    assert seen["count"] == seen["direct"] and (seen["count"] > 0) == (machine == "gpu")
+    assert seen["inside"] == [seen["count"] > 0, seen["count"]]
+    assert seen["restored"] and seen["new_threads"] == 0
+
+
+def test_a_child_that_cannot_count_answers_no_devices(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1 / 0)
+    assert zygote_server._count_devices_in_a_child() == 0
+
+
 def test_the_warm_up_hashes_tritons_own_key(monkeypatch):
     """Where codecache has no triton_key wrapper, Inductor's system key calls Triton's own
     (lru-cached) one in the first compile: the warm-up computes it so that children inherit it."""

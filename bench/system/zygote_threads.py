@@ -2,8 +2,10 @@
 `python -m bench.system.zygote_threads`.
 
 What it is: the zygote's preparation (`rewards.queue.zygote_server.preload`) replayed one step at a
-time in this process, NVML_CHECK set as the zygote sets it: each PRELOAD import, then each step of
-the compile warm-up (`rewards.queue.compile_warmup.warm_up`), then NVML's release. After each step
+time in this process, NVML_CHECK set as the zygote sets it: torch's import, the device count taken
+in a forked child, each other PRELOAD import and each step of the compile warm-up
+(`rewards.queue.compile_warmup.warm_up`) with torch.cuda answering from that count, then NVML's
+release. After each step
 it prints one JSON line: the step, the threads that appeared (kernel names), whether libcuda.so.1
 is mapped now and whether NVML is initialised. Every `ctypes` load of a library named libcuda prints the Python stack
 that asked for it (an audit hook), so a load from Python code names its caller; a load by a C
@@ -120,12 +122,16 @@ def main() -> int:
 
     report("start")
     watch.on = True
-    for name in zygote_server.PRELOAD:
-        importlib.import_module(name)
-        report(f"preload {name}")
-        if name == "torch":
-            _watch(sys.modules["torch"].cuda)
-    compile_warmup.warm_up(lambda step: report(f"warm_up {step}"))
+    torch = importlib.import_module("torch")
+    report("preload torch")
+    _watch(torch.cuda)
+    count = zygote_server._count_devices_in_a_child()
+    report(f"{count} device(s) counted in a child")
+    with zygote_server.devices_answered(torch.cuda, count):
+        for name in (name for name in zygote_server.PRELOAD if name != "torch"):
+            importlib.import_module(name)
+            report(f"preload {name}")
+        compile_warmup.warm_up(lambda step: report(f"warm_up {step}"))
     release = functools.partial(zygote_server._release_nvml, zygote_server._library("libnvidia-ml.so.1"))
     released = release()
     watch.on = False

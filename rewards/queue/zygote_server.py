@@ -54,14 +54,17 @@ from msgspec import Struct
 
 WARM_UP = True
 """Run rewards.queue.compile_warmup before the first fork. Its imports may ask whether CUDA is
-there (`torch.cuda.is_available()`); `preload` has torch answer that from NVML, and a warm-up that
+there (`torch.cuda.is_available()`, at module level in torch 2.11's Inductor benchmarking); `preload`
+answers from a count taken in a forked child (`_count_devices_in_a_child`), and a warm-up that
 touches the driver anyway costs a restart without it (`main`), never a zygote that cannot fork.
 `python -m bench.system.compile_warmup --device cuda` measures what it saves."""
 NVML_CHECK = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
-"""The zygote's `torch.cuda.is_available()` counts devices with NVML instead of cudaGetDeviceCount,
-which initialises the CUDA driver (cuInit) and so spoils every later fork. `device_count()` counts
-with NVML before CUDA is initialised anyway; torch falls back to cudaGetDeviceCount only where NVML
-fails (no libnvidia-ml, MIG UUIDs in CUDA_VISIBLE_DEVICES), which `main` then catches."""
+"""Where the zygote's own torch asks whether CUDA is there anyway (a caller outside the answered
+`torch.cuda` functions), it counts devices with NVML instead of cudaGetDeviceCount, which
+initialises the CUDA driver (cuInit) and so spoils every later fork. NVML's initialisation starts a
+driver thread that outlives nvmlShutdown, which the warm-up's thread check then reports; torch
+falls back to cudaGetDeviceCount only where NVML fails (no libnvidia-ml, MIG UUIDs in
+CUDA_VISIBLE_DEVICES), which `main` then catches."""
 WARM_UP_TOUCHED_CUDA = "the compile warm-up touched the CUDA driver; restarted without it"
 SPARE_ENV = "CUDA_AGENT_SPARE_CHILD"
 """Set to 1 in the worker's environment (and so the zygote's), the zygote keeps a spare child. Off
@@ -518,19 +521,56 @@ def _mapped(library: str) -> bool:
 
 def preload(warm_up: bool = True) -> tuple[float, str]:
     """What the zygote holds before its first fork: NVML_CHECK in its environment (torch reads it
-    at each `is_available()`), PRELOAD imported, the compile warm-up paid (unless `warm_up` is
-    False), NVML shut down again (`_release_nvml`), the collector's view frozen. Returns the
+    at each `is_available()`), PRELOAD imported and the compile warm-up paid (unless `warm_up` is
+    False) with torch.cuda's device questions answered from a forked child's count
+    (`devices_answered`), NVML shut down again (`_release_nvml`), the collector's view frozen. Returns the
     warm-up's ms and error. The forked children do not keep NVML_CHECK: `_run_child` gives each
     exactly the worker's environment, as a spawned child has, and a child initialises CUDA anyway."""
     _WORKER_NVML.update({name: os.environ.get(name) for name in NVML_CHECK})
     os.environ.update(NVML_CHECK)
-    for name in PRELOAD:
-        importlib.import_module(name)
+    torch = importlib.import_module("torch")
     release = functools.partial(_release_nvml, _library("libnvidia-ml.so.1"))
-    warmed = _warm_up(settle=release) if warm_up else (0.0, "")
+    with devices_answered(torch.cuda, _count_devices_in_a_child()):
+        for name in PRELOAD:
+            importlib.import_module(name)
+        warmed = _warm_up(settle=release) if warm_up else (0.0, "")
     release()  # again where the warm-up failed or did not run (a released NVML stays released)
     gc.freeze()  # children copy fewer pages: the collector leaves the preloaded objects alone
     return warmed
+
+
+def _count_devices_in_a_child() -> int:
+    """`torch.cuda.device_count()` as this process would see it, asked in a forked child that then
+    exits: torch counts with NVML (NVML_CHECK) or the CUDA runtime, and either leaves a driver
+    thread, or a driver, behind in the process that asked. 0 where the child could not answer."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: answer, then leave without running any of the parent's exit code
+        try:
+            os.close(read)
+            import torch
+
+            os.write(write, str(int(torch.cuda.device_count())).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as answer:
+        text = answer.read()
+    os.waitpid(pid, 0)
+    return int(text) if text.isdigit() else 0
+
+
+@contextlib.contextmanager
+def devices_answered(cuda, count: int):
+    """Within it, torch.cuda's `is_available()` and `device_count()` answer from `count` (what
+    `_count_devices_in_a_child` saw) and ask neither NVML nor the driver. The zygote's imports and
+    warm-up run inside it; the children it forks find torch.cuda's own functions again."""
+    saved = cuda.is_available, cuda.device_count
+    cuda.is_available, cuda.device_count = (lambda: count > 0), (lambda: count)
+    try:
+        yield
+    finally:
+        cuda.is_available, cuda.device_count = saved
 
 
 def main(argv: list[str] | None = None) -> int:
