@@ -167,9 +167,11 @@ class FinalEvaluator:
 
 def job_times(timed: Profile) -> dict[str, float]:
     """Where a final evaluation's profile job spent its time, for the trajectory's record: its wait
-    in the GPU queue, how long it held its lane (a timing job: the GPU alone, every other job of
-    the machine waiting), and its phases in ms (`rewards.verify.phases`; "child." from the child)."""
-    return _job_record("profile", timed.job_wait_s, timed.job_wall_s, timed.phases_ms)
+    in the GPU queue (and for its GPU alone), how long it held its lane, of that how long it had
+    the GPU alone (every other job of the machine waiting), and its phases in ms
+    (`rewards.verify.phases`; "child." from the child)."""
+    record = _job_record("profile", timed.job_wait_s, timed.job_wall_s, timed.phases_ms)
+    return record | {"profile_alone_s": round(timed.job_alone_s, 3)}
 
 
 def verify_times(verdict: Verdict) -> dict[str, float]:

@@ -61,6 +61,41 @@ async def test_no_shared_holder_enters_once_an_exclusive_one_waits(locks):
     assert s["first"][1] <= s["x"][0] and s["x"][1] <= s["later"][0]
 
 
+async def staged_for(locks: GpuLocks, prepare: float, timed: float, log: list, name: str) -> None:
+    """Shared while it prepares, then alone (`Hold.alone`) while it times."""
+    async with locks.hold("0", exclusive=False) as hold:
+        log.append((f"{name}-prepare", "in", time.monotonic()))
+        await anyio.sleep(prepare)
+        log.append((f"{name}-prepare", "out", time.monotonic()))
+        await hold.alone()
+        log.append((name, "in", time.monotonic()))
+        await anyio.sleep(timed)
+        log.append((name, "out", time.monotonic()))
+
+
+async def test_a_staged_holder_prepares_beside_shared_ones_and_times_alone(locks):
+    log: list = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(hold_for, locks, "0", False, 0.3, log, "s1")
+        await anyio.sleep(0.05)
+        tg.start_soon(staged_for, locks, 0.05, 0.1, log, "x")
+        await anyio.sleep(0.15)  # x asked and waits for s1; the gate is closed
+        tg.start_soon(hold_for, locks, "0", False, 0.1, log, "later")
+    s = spans(log)
+    assert overlap(s["x-prepare"], s["s1"])
+    assert s["s1"][1] <= s["x"][0] and s["x"][1] <= s["later"][0]
+
+
+async def test_two_staged_holders_never_wait_for_each_other(locks):
+    log: list = []
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(staged_for, locks, 0.1, 0.1, log, "x")
+            tg.start_soon(staged_for, locks, 0.1, 0.1, log, "y")
+    s = spans(log)
+    assert overlap(s["x-prepare"], s["y-prepare"]) and not overlap(s["x"], s["y"])
+
+
 async def test_a_cancelled_waiter_holds_nothing(locks):
     async with locks.hold("0", exclusive=True):
         with anyio.move_on_after(0.05) as scope:

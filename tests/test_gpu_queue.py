@@ -16,6 +16,7 @@ from pathlib import Path
 
 import anyio
 import anyio.abc
+import msgspec
 import pytest
 
 from rewards.queue.gpu_queue import (
@@ -73,6 +74,19 @@ def torch_threads(payload, ctx):
     child = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
                            capture_output=True, text=True, check=True).stdout.strip()
     return f"{torch.get_num_threads()} {child}".encode()
+
+def staged_sleep(payload, ctx):
+    """Prepares (sleeps `prepare` s), asks for its GPU alone if it may, then "times" (sleeps
+    `timed` s): 'prepared_at alone_at ended waited asked' (time.time)."""
+    import time
+
+    prepare, timed = (float(x) for x in payload.decode().split())
+    time.sleep(prepare)
+    alone_at = time.time()
+    waited = ctx.gpu_alone() if ctx.gpu_alone is not None else 0.0
+    alone_at += waited
+    time.sleep(timed)
+    return f"{alone_at - waited - prepare} {alone_at} {time.time()} {waited} {ctx.gpu_alone is not None}".encode()
 '''
 
 
@@ -102,7 +116,9 @@ def config(tmp_path, outside_dir, monkeypatch) -> GpuQueueConfig:
         worker_start_timeout_s=30.0,
         handlers={"spawn": "queue_test_handlers:spawn", "shout": "queue_test_handlers:shout",
                   "compile_sum": "queue_test_handlers:compile_sum", "torch_threads": "queue_test_handlers:torch_threads",
-                  "timed_sleep": "rewards.queue.jobs:sleep"},  # not a shared kind: has its GPU alone
+                  "timed_sleep": "rewards.queue.jobs:sleep",  # not a shared kind: has its GPU alone
+                  "staged_sleep": "queue_test_handlers:staged_sleep"},
+        staged_kinds=("staged_sleep",),  # prepares beside the shared jobs, then has its GPU alone
     )
 
 
@@ -386,6 +402,148 @@ async def test_a_cancelled_waiting_timing_job_releases_nothing_it_did_not_hold(c
     spans = runs.spans()
     assert spans["b"].started < spans["a"].ended
     assert spans["timed"].started >= max(spans["a"].ended, spans["b"].ended)  # a and b still held the GPU
+
+
+# ---------------------------------------------------------------------------------------------
+# Staged timing jobs: prepare beside verification, time alone.
+
+
+class Staged(msgspec.Struct, frozen=True):
+    started: float  # its preparation began
+    alone: float  # it had its GPU alone
+    ended: float
+    waited: float  # for its GPU alone, as the worker heard it
+    asked: bool  # it had `ctx.gpu_alone` to ask with
+
+
+def staged(result) -> Staged:
+    started, alone, ended, waited, asked = result.value.decode().split()
+    return Staged(float(started), float(alone), float(ended), float(waited), asked == "True")
+
+
+def staged_job(prepare: float, timed: float, **fields) -> Job:
+    return Job(job_id=f"job-{next(_ids)}", kind="staged_sleep", payload=f"{prepare} {timed}".encode(), **fields)
+
+
+async def test_a_staged_job_prepares_beside_shared_jobs_and_times_alone(config):
+    async with GpuQueue(shared_gpu(config)) as queue, anyio.create_task_group() as tg:
+        runs = Runs(queue, tg)
+        runs.start("a", "sleep", 1.0)
+        assert await eventually(lambda: busy_lanes(queue) == 1)
+        result = await queue.submit(staged_job(0.2, 0.3))
+        runs.start("b", "sleep", 0.2)  # after the staged job: starts at once again
+    a, mine = runs.spans()["a"], staged(result)
+    assert result.status is JobStatus.OK and mine.asked
+    assert mine.started < a.ended  # it prepared while `a` ran
+    assert mine.alone >= a.ended - 0.01  # and timed only once `a` was done (the clocks: time.time)
+    assert mine.waited == pytest.approx(a.ended - mine.started - 0.2, abs=0.15)
+    assert result.wait_s >= mine.waited and result.alone_s == pytest.approx(0.3, abs=0.15)
+    lanes = queue.statistics().lanes
+    assert sum(lane.exclusive_jobs for lane in lanes) == 1
+    assert queue.statistics().kinds["staged_sleep"].jobs == 1
+
+
+async def test_a_staged_job_asking_goes_before_waiting_shared_jobs(config):
+    async with GpuQueue(shared_gpu(config)) as queue, anyio.create_task_group() as tg:
+        runs = Runs(queue, tg)
+        runs.start("a", "sleep", 0.8)
+        assert await eventually(lambda: busy_lanes(queue) == 1)
+        results = {}
+
+        async def run_staged():
+            results["staged"] = await queue.submit(staged_job(0.1, 0.3))
+
+        tg.start_soon(run_staged)
+        assert await eventually(lambda: queue.statistics().exclusive_depth == 1)  # asked, waits for `a`
+        runs.start("b", "sleep", 0.1)  # a lane is free, but the GPU is kept for the staged job
+    mine, spans = staged(results["staged"]), runs.spans()
+    assert spans["b"].started >= mine.ended - 0.01
+
+
+async def test_two_staged_jobs_of_one_gpu_never_wait_for_each_other(config):
+    """Both prepare at once, then both ask: parked, neither holds the GPU from the other."""
+    async with GpuQueue(shared_gpu(config)) as queue, anyio.create_task_group() as tg:
+        results = {}
+
+        async def run(name):
+            results[name] = await queue.submit(staged_job(0.2, 0.3))
+
+        for name in "xy":
+            tg.start_soon(run, name)
+    x, y = staged(results["x"]), staged(results["y"])
+    assert all(r.status is JobStatus.OK for r in results.values())
+    assert x.started < y.ended and y.started < x.ended  # prepared side by side
+    first, second = sorted((x, y), key=lambda s: s.alone)
+    assert second.alone >= first.ended - 0.01  # timed one after the other
+
+
+async def test_a_staged_jobs_wait_for_its_gpu_is_not_counted_in_its_deadline(config):
+    async with GpuQueue(shared_gpu(config)) as queue, anyio.create_task_group() as tg:
+        runs = Runs(queue, tg)
+        runs.start("a", "sleep", 1.5)
+        assert await eventually(lambda: busy_lanes(queue) == 1)
+        result = await queue.submit(staged_job(0.1, 0.2, deadline_s=1.0))
+        late = await queue.submit(staged_job(0.1, 5.0, deadline_s=1.0))  # over its deadline alone
+    assert result.status is JobStatus.OK and staged(result).waited > 1.0
+    assert late.status is JobStatus.TIMEOUT
+
+
+async def test_a_staged_job_has_its_gpu_alone_from_another_queues_jobs(config):
+    from msgspec.structs import replace
+
+    other = replace(shared_gpu(config), scratch_root=f"{config.scratch_root}-b")
+    async with GpuQueue(other) as q_other, GpuQueue(shared_gpu(config)) as q_mine, anyio.create_task_group() as tg:
+        theirs = Runs(q_other, tg)
+        theirs.start("a", "sleep", 0.8)
+        theirs.start("b", "sleep", 0.8)
+        assert await eventually(lambda: busy_lanes(q_other) == 2)
+        result = await q_mine.submit(staged_job(0.1, 0.3))
+        theirs.start("c", "sleep", 0.1)
+    mine, spans = staged(result), theirs.spans()
+    assert mine.started < spans["a"].ended
+    assert mine.alone >= max(spans["a"].ended, spans["b"].ended) - 0.01
+    assert spans["c"].started >= mine.ended - 0.01
+
+
+async def test_a_forked_staged_job_has_its_gpu_alone_from_the_start(config):
+    from msgspec.structs import replace
+
+    async with GpuQueue(replace(shared_gpu(config), fork_per_job=True)) as queue, anyio.create_task_group() as tg:
+        runs = Runs(queue, tg)
+        runs.start("a", "sleep", 0.6)
+        assert await eventually(lambda: busy_lanes(queue) == 1)
+        result = await queue.submit(staged_job(0.1, 0.1))
+    mine = staged(result)
+    assert not mine.asked and mine.started >= runs.spans()["a"].ended - 0.01
+    assert result.alone_s == pytest.approx(result.wall_s, abs=0.01)
+
+
+async def test_the_dispatcher_gives_a_staged_lane_its_gpu_once_the_others_end():
+    dispatcher = Dispatcher()
+    for slot in range(3):
+        dispatcher.release(Lane(0, Path("/nonexistent"), slot))
+    staged_lane, other = await dispatcher.acquire(0), await dispatcher.acquire(0)
+    granted = []
+
+    async def alone():
+        await dispatcher.alone(staged_lane)
+        granted.append(staged_lane)
+
+    async def shared():
+        granted.append(await dispatcher.acquire(0))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(alone)
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(shared)  # the third lane is free, but the GPU is kept for the staged lane
+        await anyio.wait_all_tasks_blocked()
+        assert granted == []
+        dispatcher.release(other)
+        await anyio.wait_all_tasks_blocked()
+        assert granted == [staged_lane]
+        await dispatcher.alone(staged_lane)  # it has it already: at once
+        dispatcher.release(staged_lane)
+    assert len(granted) == 2 and granted[1] is not staged_lane
 
 
 # ---------------------------------------------------------------------------------------------

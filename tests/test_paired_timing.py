@@ -46,9 +46,12 @@ from rewards.timing.paired import (
 )
 from rewards.timing.profile import (
     CACHED_NOTE,
+    Measure,
+    Prepared,
     Profile,
     ProfileRequest,
     TimeCandidate,
+    Timed,
     TimePaired,
     time_paired,
     time_request_decoder,
@@ -471,6 +474,82 @@ def workspace(tmp_path: Path) -> Path:
 def test_a_reference_that_cannot_be_built_in_the_child_is_not_the_candidates_failure(tmp_path):
     timed = time_paired(ProfileRequest(task_source=TASK, device="cuda", paired=True), workspace(tmp_path))
     assert not timed.ok and timed.harness_error
+
+
+def _spawned(**fields) -> ProfileRequest:
+    """A paired request whose child is spawned (no zygote)."""
+    config = msgspec.structs.replace(ProfileRequest(task_source=TASK).config, child_launcher="spawn")
+    return ProfileRequest(paired=True, config=config, **fields)
+
+
+class RecordingPipe:
+    """The child's end of its pipe to the parent: what it sent, and the parent's go."""
+
+    def __init__(self) -> None:
+        self.sent: list = []
+
+    def send(self, message) -> None:
+        self.sent.append(message)
+
+    def receive(self, decoder, timeout_s=None):
+        self.sent.append("go")
+        return Measure()
+
+
+@pytest.mark.parametrize("fails", ["", "before_ready", "after_ready"])
+def test_a_staged_child_says_it_is_ready_between_building_and_timing(monkeypatch, fails):
+    from rewards.timing import profile_child
+
+    def fake_time_paired(msg, ready):
+        if fails == "before_ready":
+            return Timed(ok=False, error="no ModelNew")
+        ready()
+        return Timed(ok=fails == "", error="raised while timed" if fails else "")
+
+    monkeypatch.setattr(profile_child, "_time_paired", fake_time_paired)
+    load = Load(task_source="", candidate_dir="c", so_path="", device="cuda", init_inputs="[]", init_seed=0, state={},
+                transfer_dir="t")
+    msg = TimePaired(load=load, config=TimingConfig(), paired=PairedConfig(), input_seed=1, policy="fp32-ieee",
+                     staged=True)
+    pipe = RecordingPipe()
+    answer = profile_child.time_paired(msg, pipe)
+    if fails == "before_ready":  # its one answer: what it ends with, as the first (Prepared) frame
+        assert pipe.sent == [] and answer == Prepared(failed=Timed(ok=False, error="no ModelNew"))
+    else:
+        assert pipe.sent == [Prepared(), "go"] and isinstance(answer, Timed) and answer.ok == (fails == "")
+    unstaged = RecordingPipe()
+    assert isinstance(profile_child.time_paired(msgspec.structs.replace(msg, staged=False), unstaged), Timed)
+    assert unstaged.sent == []
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_staged_child_whose_reference_cannot_be_built_never_asks_for_the_gpu(tmp_path):
+    asked: list[float] = []
+    timed = time_paired(_spawned(task_source=TASK, device="cuda"), workspace(tmp_path),
+                        gpu_alone=lambda: asked.append(1.0) or 0.0)
+    assert not timed.ok and timed.harness_error and asked == []
+
+
+@pytest.mark.gpu
+def test_a_staged_child_asks_for_the_gpu_alone_once_all_three_are_built(tmp_path):
+    from rewards.timing.profile import run_profile
+    from rewards.verify.phases import Phases
+
+    asked: list[float] = []
+
+    def gpu_alone() -> float:
+        asked.append(1.0)
+        return 0.25
+
+    outcome = run_profile(_spawned(task_source=TASK), work_dir=workspace(tmp_path), gpu_alone=gpu_alone)
+    assert outcome.ok and asked == [1.0], outcome.message
+    assert outcome.phases_ms["child.gpu_alone_wait"] == 250.0
+    assert outcome.phases_ms["child.reference.compile"] > 0 and outcome.phases_ms["child.build"] > 0
+    broken = tmp_path / "broken"
+    (broken / "candidate").mkdir(parents=True)
+    (broken / "candidate" / "model_new.py").write_text("raise RuntimeError('no model here')\n")
+    failed = run_profile(_spawned(task_source=TASK), work_dir=broken, gpu_alone=gpu_alone)
+    assert not failed.ok and "no model here" in failed.message and asked == [1.0]  # it never asked
 
 
 def test_the_profile_tool_says_when_the_baselines_are_cached():

@@ -111,8 +111,8 @@ def paired_row(outcome: Profile, wall_s: float) -> dict:
         "graph_error": x.measurement.graph_info_error, "samples": x.measurement.timing.samples,
         "samples_per_round": x.samples_per_round} for x in p.subjects}
     phases = {k: round(v, 1) for k, v in outcome.phases_ms.items()}
-    return {"ok": True, "wall_s": wall_s, "milestone": s.milestone, "inconclusive": s.inconclusive,
-            "note": s.breakdown.get("inconclusive_note", ""), "speedup_vs_eager": p.vs_eager.estimate,
+    return {"ok": True, "wall_s": wall_s, "alone_s": outcome.job_alone_s, "milestone": s.milestone,
+            "inconclusive": s.inconclusive, "note": s.breakdown.get("inconclusive_note", ""), "speedup_vs_eager": p.vs_eager.estimate,
             "speedup_vs_compile": p.vs_compile.estimate, "ci_vs_eager": [p.vs_eager.ci_low, p.vs_eager.ci_high],
             "ci_vs_compile": [p.vs_compile.ci_low, p.vs_compile.ci_high], "rounds": len(p.rounds), "stop": p.stop,
             "rounds_s": p.seconds, "method": p.method, "subjects": subjects, "phases_ms": phases}
@@ -288,6 +288,8 @@ async def cost(queue: GpuQueue, s: Subject, config: EnvConfig, repeats: int, res
     paired_walls = [r["wall_s"] for r in result["paired"] if r["ok"]]
     out = {f"{k}_s": statistics.median(v) for k, v in walls.items()}
     out["profile_paired_s"] = statistics.median(paired_walls) if paired_walls else None
+    alone = [r.get("alone_s", 0.0) for r in result["paired"] if r["ok"]]  # of those, with the GPU alone
+    out["profile_paired_alone_s"] = statistics.median(alone) if alone else None
     return out | {"repeats": repeats}
 
 

@@ -11,7 +11,7 @@ import sys
 
 from msgspec import Struct
 
-from rewards.queue.jobs import SHARED_KINDS
+from rewards.queue.jobs import SHARED_KINDS, STAGED_KINDS
 
 _SECRETS = (
     "~/.ssh ~/.aws ~/.netrc ~/.git-credentials ~/.docker ~/.config/gcloud ~/.kaggle ~/.cache/huggingface"
@@ -29,6 +29,10 @@ class GpuQueueConfig(Struct, frozen=True, kw_only=True):
     not fit together."""
     shared_kinds: tuple[str, ...] = SHARED_KINDS
     """Job kinds that time nothing and may share a GPU; the others have their GPU to themselves."""
+    staged_kinds: tuple[str, ...] = STAGED_KINDS
+    """Timing kinds that build what they time beside the shared jobs and have their GPU alone only
+    from when their handler asks (`JobContext.gpu_alone`), not with `fork_per_job` (a forked job
+    cannot reach the channel): there they have it alone from the start."""
     sandbox: bool = False
     """Run each worker inside bubblewrap: the host filesystem read-only, a private read-only
     /tmp, only the lane's scratch dir (and `writable_paths`) writable, `hidden_paths` covered, no

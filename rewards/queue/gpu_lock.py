@@ -6,7 +6,10 @@ one GPU, a checkpoint watcher beside a training run). Each physical GPU has two 
 (`flock`) in a directory every queue of the machine shares:
 - a shared job (verification) passes `gate` (shared, for a moment) and holds `gpu` shared while it runs;
 - an exclusive job (timing) closes `gate` (exclusive): no shared job enters after it. It then waits
-  for `gpu` exclusive (the shared jobs already in end), opens `gate` and holds `gpu` until it ends.
+  for `gpu` exclusive (the shared jobs already in end), opens `gate` and holds `gpu` until it ends;
+- a staged job (one that prepares beside shared jobs, then times) holds shared, and when ready
+  (`Hold.alone`) lets go of `gpu` and takes it exclusive as above. It holds nothing while it waits,
+  so staged jobs of several queues never wait for each other.
 The kernel drops the locks of a process that dies. Waiting is polled (a non-blocking attempt
 every few milliseconds), so a waiter that is cancelled holds nothing afterwards.
 
@@ -17,6 +20,10 @@ Example:
     locks = GpuLocks(default_directory())
     async with locks.hold("3", exclusive=True):  # "3": the GPU as CUDA_VISIBLE_DEVICES names it
         ...  # no job of any queue of this machine runs on GPU 3 meanwhile
+    async with locks.hold("3", exclusive=False) as hold:
+        ...  # beside other shared jobs
+        await hold.alone()  # (`let_go` first, to hold nothing while other waits come before it)
+        ...  # GPU 3 alone
 """
 
 from __future__ import annotations
@@ -49,18 +56,14 @@ class GpuLocks:
         self.directory.mkdir(parents=True, exist_ok=True)
 
     @asynccontextmanager
-    async def hold(self, device: str, *, exclusive: bool) -> AsyncIterator[None]:
+    async def hold(self, device: str, *, exclusive: bool) -> AsyncIterator[Hold]:
         """`device` to yourself (`exclusive`), or beside other shared holders, until the block ends."""
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", device) or "_"
         gpu = self._open(f"{name}.gpu")
         try:
-            gate = self._open(f"{name}.gate")
-            try:
-                await self._lock(gate, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-                await self._lock(gpu, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-            finally:
-                os.close(gate)  # closing drops its lock: the gate opens
-            yield
+            hold = Hold(self, name, gpu, exclusive)
+            await hold.enter(fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield hold
         finally:
             os.close(gpu)
 
@@ -76,4 +79,33 @@ class GpuLocks:
                 await anyio.sleep(self.poll_s)
 
 
-__all__ = ["ENV", "GpuLocks", "default_directory"]
+class Hold:
+    """One holder's lock on one GPU (`GpuLocks.hold`)."""
+
+    def __init__(self, locks: GpuLocks, name: str, gpu_fd: int, exclusive: bool) -> None:
+        self._locks, self._name, self._gpu = locks, name, gpu_fd
+        self.exclusive = exclusive
+
+    async def enter(self, how: int) -> None:
+        gate = self._locks._open(f"{self._name}.gate")
+        try:
+            await self._locks._lock(gate, how)
+            await self._locks._lock(self._gpu, how)
+        finally:
+            os.close(gate)  # closing drops its lock: the gate opens
+
+    def let_go(self) -> None:
+        """A shared hold holds nothing from now until `alone`."""
+        if not self.exclusive:
+            fcntl.flock(self._gpu, fcntl.LOCK_UN)
+
+    async def alone(self) -> None:
+        """From shared to exclusive: lets go, then waits like an exclusive job (at once if it is)."""
+        if self.exclusive:
+            return
+        self.let_go()
+        await self.enter(fcntl.LOCK_EX)
+        self.exclusive = True
+
+
+__all__ = ["ENV", "GpuLocks", "Hold", "default_directory"]

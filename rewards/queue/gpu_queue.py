@@ -35,10 +35,12 @@ Parts: `rewards.queue.config` (the settings, the sandbox among them), `rewards.q
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Self
@@ -50,10 +52,12 @@ import msgspec
 from rewards.queue.config import SECRET_PATHS, GpuQueueConfig
 from rewards.queue.gpu_lock import GpuLocks, default_directory
 from rewards.queue.jobs import (
+    GpuAloneGiven,
     Job,
     JobResult,
     JobStatus,
     QueueStatistics,
+    ask_decoder,
     encode,
     ready_decoder,
     result_decoder,
@@ -143,40 +147,53 @@ class GpuQueue:
 
     async def submit(self, job: Job, *, gpu: int | None = None) -> JobResult:
         """Run `job` on a free lane (or on a lane of `gpu`), waiting first come first served; a
-        kind not in `config.shared_kinds` waits until it can have its GPU alone. What the job did
-        is never an exception: timeouts, crashes and poisoned contexts are statuses. Raises
-        QueueClosed if the queue shuts down first."""
+        kind not in `config.shared_kinds` waits until it can have its GPU alone, a staged kind
+        (`config.staged_kinds`) starts beside the shared jobs and has it alone from when its
+        handler asks. What the job did is never an exception: timeouts, crashes and poisoned
+        contexts are statuses. Raises QueueClosed if the queue shuts down first."""
         wanted = self._gpu(gpu)
         exclusive = job.kind not in self.config.shared_kinds
+        staged = exclusive and job.kind in self.config.staged_kinds and not self.config.fork_per_job
+        exclusive = exclusive and not staged
         queued = time.monotonic()
         lane = await self._dispatcher.acquire(wanted, exclusive=exclusive)
         laned = held = time.monotonic()
         async with AsyncExitStack() as machine:  # the GPU against other queues of the machine
+            hold = None
             if self._locks is not None:
                 try:
-                    await machine.enter_async_context(self._locks.hold(device_name(lane.gpu), exclusive=exclusive))
+                    hold = await machine.enter_async_context(self._locks.hold(device_name(lane.gpu), exclusive=exclusive))
                 except BaseException:  # cancelled while another queue's job held the GPU
                     self._dispatcher.release(lane)
                     raise
                 finally:
                     held = time.monotonic()  # held - laned: the one lock wait, for the lane's and the kind's times
                     lane.locked(held - laned)
+
+            async def gpu_alone() -> None:
+                if hold is not None:
+                    hold.let_go()  # nothing of the machine's lock held while this queue drains
+                await self._dispatcher.alone(lane)
+                if hold is not None:
+                    await hold.alone()
+                lane.alone()
+
             worker = lane.worker
             lane.begin()
-            result, reusable = None, False
+            result, reusable, waited_s, alone_s = None, False, 0.0, 0.0
             try:
-                result, reusable = await self._run(job, worker)
+                result, reusable, waited_s = await self._run(msgspec.structs.replace(job, staged=staged), worker,
+                                                             gpu_alone if staged else None)
             finally:
-                lane.end(result.status if result else None, exclusive=exclusive)
+                alone_s = lane.end(result.status if result else None, exclusive=exclusive)
                 if reusable and not worker.exited:
                     self._dispatcher.release(lane)
                 else:  # also when cancelled mid-job: the worker may still be running it
                     worker.retire()  # the lane's task vacates the lane once the worker is reaped
-        wall_s = time.monotonic() - held
-        self._kind_times.record(job.kind, wait_s=laned - queued, lock_s=held - laned, run_s=wall_s)
-        return msgspec.structs.replace(
-            result, worker_pid=worker.pid, gpu=lane.gpu, wall_s=wall_s, wait_s=held - queued
-        )
+        wall_s = time.monotonic() - held - waited_s
+        self._kind_times.record(job.kind, wait_s=laned - queued + waited_s, lock_s=held - laned, run_s=wall_s)
+        return msgspec.structs.replace(result, worker_pid=worker.pid, gpu=lane.gpu, wall_s=wall_s,
+                                       wait_s=held - queued + waited_s, alone_s=alone_s)
 
     def statistics(self) -> QueueStatistics:
         now = time.monotonic()
@@ -213,31 +230,44 @@ class GpuQueue:
             raise ValueError(f"no lane for gpu {gpu}; GPUs: {self.gpus}")
         return gpu
 
-    async def _run(self, job: Job, worker: WorkerProcess) -> tuple[JobResult, bool]:
-        """The result, and whether the worker may take the next job."""
+    async def _run(self, job: Job, worker: WorkerProcess,
+                   gpu_alone: Callable[[], Awaitable[None]] | None = None) -> tuple[JobResult, bool, float]:
+        """The result, whether the worker may take the next job, and the seconds a staged job
+        waited for its GPU alone (`gpu_alone`, when its handler asked; not counted in its deadline)."""
         deadline_s = job.deadline_s if job.deadline_s is not None else self.config.job_default_deadline_s
         job = msgspec.structs.replace(job, deadline_s=deadline_s)  # handlers may budget by it
         del worker.tail[:]  # the stderr tail of a failure should be this job's
-        message = None
+        message, waited_s = None, 0.0
         with anyio.move_on_after(deadline_s) as watchdog:
             try:
                 await worker.send(encode(job))
             except BROKEN:
                 pass  # it died: receive() sees the end of file
             message = await worker.receive()
+            if gpu_alone is not None and message is not None and _is_ask(message):
+                asked, deadline = time.monotonic(), watchdog.deadline
+                watchdog.deadline = math.inf
+                await gpu_alone()
+                waited_s = time.monotonic() - asked
+                watchdog.deadline = deadline + waited_s
+                try:
+                    await worker.send(encode(GpuAloneGiven(waited_s=waited_s)))
+                except BROKEN:
+                    pass
+                message = await worker.receive()
         if watchdog.cancelled_caught:
             worker.kill()
             error = f"killed at its {deadline_s:g} s deadline; {await worker.last_words()}"
-            return JobResult(job_id=job.job_id, status=JobStatus.TIMEOUT, error=error), False
+            return JobResult(job_id=job.job_id, status=JobStatus.TIMEOUT, error=error), False, waited_s
         result = _decode_result(job, message)
         if result is None:
             if self._closed:
                 raise QueueClosed("the GPU queue shut down while the job ran")
             worker.kill()
             error = await worker.last_words()
-            return JobResult(job_id=job.job_id, status=JobStatus.CRASHED, error=error), False
+            return JobResult(job_id=job.job_id, status=JobStatus.CRASHED, error=error), False, waited_s
         # A worker that poisoned its context has exited; a zygote only lost the child.
-        return result, result.status is not JobStatus.CUDA_POISONED or self.config.fork_per_job
+        return result, result.status is not JobStatus.CUDA_POISONED or self.config.fork_per_job, waited_s
 
     # -- lanes and their workers ----------------------------------------------------------------
 
@@ -329,6 +359,15 @@ class GpuQueue:
 
 def _scratch_name(gpu: int, slot: int) -> str:
     return f"gpu{gpu}" if slot == 0 else f"gpu{gpu}-{slot}"
+
+
+def _is_ask(message: bytes) -> bool:
+    """A staged job's `GpuAloneAsk` (a result frame lacks its tag)."""
+    try:
+        ask_decoder.decode(message)
+    except msgspec.DecodeError:
+        return False
+    return True
 
 
 def _decode_result(job: Job, message: bytes | None) -> JobResult | None:

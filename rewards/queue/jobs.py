@@ -53,6 +53,17 @@ class Job(Struct, frozen=True, kw_only=True):
     payload: bytes = b""
     files: dict[str, bytes] = {}
     deadline_s: float | None = None
+    staged: bool = False  # set by the queue: the job starts beside others and asks for its GPU alone (JobContext.gpu_alone)
+
+
+class GpuAloneAsk(Struct, frozen=True, kw_only=True, tag="gpu_alone"):
+    """A staged job's frame to the queue, mid-job: it is ready to time and wants its GPU alone."""
+
+
+class GpuAloneGiven(Struct, frozen=True, kw_only=True):
+    """The queue's answer: the GPU is this job's alone until it ends."""
+
+    waited_s: float  # from the ask until now, not counted in the job's deadline
 
 
 class JobStatus(enum.Enum):
@@ -73,7 +84,8 @@ class JobResult(Struct, frozen=True, kw_only=True):
     error: str = ""
     run_s: float = 0.0  # in the handler, by the worker's clock
     wall_s: float = 0.0  # the lane was held: sending, running, receiving
-    wait_s: float = 0.0  # waiting for a free lane
+    wait_s: float = 0.0  # waiting for a free lane, and a staged job's wait for its GPU alone
+    alone_s: float = 0.0  # of wall_s, the GPU was this job's alone (all of it for a timing job)
     worker_pid: int = 0
     gpu: int = -1
 
@@ -95,6 +107,9 @@ class JobContext(Struct, frozen=True, kw_only=True):
     gpu: int
     scratch_dir: str
     deadline_s: float | None
+    gpu_alone: Callable[[], float] | None = None
+    """A staged job's way to its GPU alone: blocks until the queue gives it, returns the seconds
+    waited. None: the job has its GPU as its kind says from the start."""
 
 
 class LaneStatistics(Struct, frozen=True, kw_only=True):
@@ -155,6 +170,8 @@ _encoder = msgspec.msgpack.Encoder()
 job_decoder = msgspec.msgpack.Decoder(Job)
 result_decoder = msgspec.msgpack.Decoder(JobResult)
 ready_decoder = msgspec.msgpack.Decoder(WorkerReady)
+ask_decoder = msgspec.msgpack.Decoder(GpuAloneAsk)
+given_decoder = msgspec.msgpack.Decoder(GpuAloneGiven)
 
 
 def encode(obj: Any) -> bytes:
@@ -196,6 +213,12 @@ itself while it runs: `profile` (the agent's tool, the baselines it measures onc
 the final evaluation's paired timing), `baseline` (the KernelBench recheck's), `synth_filter`
 (the data filters' runtime filter), and any kind a config adds, unless listed in
 `GpuQueueConfig.shared_kinds`."""
+
+STAGED_KINDS: tuple[str, ...] = ("profile",)
+"""Timing kinds whose handler asks for its GPU alone once it has built what it times
+(`JobContext.gpu_alone`): a paired final evaluation compiles the reference and loads the
+candidate (about 1 s of a 2-3 s job) beside the verification jobs, then has the GPU alone for its
+warm-ups and rounds."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ What it is: `WorkerProcess` (one `rewards.queue.worker` process: its framed chan
 of its stderr, kill and retire), `Lane` (one worker's place on a GPU, of `lanes_per_gpu`: its
 current worker, scratch dir and counters, `LaneStatistics`), `Dispatcher` (free lanes to waiting
 submitters, first come first served, a waiter pinned to a GPU taking only that GPU's lanes; jobs
-that time something have their GPU to themselves, verification jobs share it) and `QueueClosed`.
+that time something have their GPU to themselves, verification jobs share it, and a staged job
+that prepared beside them asks for its GPU alone once it is ready to time) and `QueueClosed`.
 
 What it is not: the queue (`rewards.queue.gpu_queue.GpuQueue` starts workers, runs jobs under the
 watchdog and owns the task group) or the worker side (`rewards.queue.worker`).
@@ -105,6 +106,7 @@ class Lane:
         self.scratch = scratch
         self.worker: WorkerProcess | None = None
         self.held_since: float | None = None
+        self.alone_since: float | None = None  # a staged job's GPU alone (`Dispatcher.alone`) from then
         self.busy_s = 0.0
         self.exclusive_busy_s = 0.0  # of busy_s, jobs that had the GPU to themselves
         self.lock_wait_s = 0.0  # held by a submitter that waits for the machine-wide lock of the GPU
@@ -118,23 +120,33 @@ class Lane:
 
     def begin(self) -> None:
         self.held_since = time.monotonic()
+        self.alone_since = None
+
+    def alone(self) -> None:
+        """The staged job holding this lane has its GPU alone from now on."""
+        self.alone_since = time.monotonic()
 
     def locked(self, waited_s: float) -> None:
         """The submitter holding this lane waited `waited_s` for the GPU's machine-wide lock
         (other queues' jobs on the GPU) before its job could begin."""
         self.lock_wait_s += waited_s
 
-    def end(self, status: JobStatus | None, *, exclusive: bool = False) -> None:
-        held_s = time.monotonic() - self.held_since
+    def end(self, status: JobStatus | None, *, exclusive: bool = False) -> float:
+        """The job is over; returns the seconds it had its GPU alone (all of it if `exclusive`,
+        from `alone()` on for a staged job, else 0)."""
+        now = time.monotonic()
+        held_s = now - self.held_since
+        alone_s = held_s if exclusive else (now - self.alone_since if self.alone_since is not None else 0.0)
         self.busy_s += held_s
-        self.exclusive_busy_s += held_s if exclusive else 0.0
-        self.held_since = None
+        self.exclusive_busy_s += alone_s
+        self.held_since = self.alone_since = None
         if status is not None:
             self.jobs_done += 1
-            self.exclusive_jobs += exclusive
+            self.exclusive_jobs += alone_s > 0
             self.timeouts += status is JobStatus.TIMEOUT
             self.crashes += status is JobStatus.CRASHED
             self.poisoned += status is JobStatus.CUDA_POISONED
+        return alone_s
 
     def statistics(self, now: float, uptime_s: float, depth: int) -> LaneStatistics:
         busy_s = self.busy_s + (now - self.held_since if self.held_since is not None else 0.0)
@@ -159,11 +171,12 @@ class Lane:
 
 
 class _Waiter:
-    __slots__ = ("event", "exclusive", "gpu", "lane")
+    __slots__ = ("event", "exclusive", "gpu", "held", "lane")
 
-    def __init__(self, gpu: int | None, exclusive: bool) -> None:
+    def __init__(self, gpu: int | None, exclusive: bool, held: Lane | None = None) -> None:
         self.gpu = gpu
         self.exclusive = exclusive
+        self.held = held  # a staged job's lane: it waits for its GPU alone, not for a lane
         self.lane: Lane | None = None
         self.event = anyio.Event()
 
@@ -177,6 +190,11 @@ class Dispatcher:
     behind it starts on that GPU, which therefore drains. A waiter pinned to a GPU takes only that
     GPU's lanes and does not hold up the waiters behind it. With one lane per GPU every job has its
     GPU to itself and the two kinds are served alike.
+
+    A staged job (a timing job that builds what it times beside verification jobs) takes its lane
+    shared and calls `alone(lane)` once it is ready to time: its lane stops counting as running,
+    it goes ahead of every waiter, reserves its GPU and gets it alone once the GPU's other jobs
+    end. Parked so, two staged jobs of one GPU never wait for each other.
 
     This is the queue's named limiter for GPUs: a `CapacityLimiter("gpus")` could count free lanes
     but not hand out a particular one, so a pinned job (baselines run on every GPU) would sit on a
@@ -218,6 +236,28 @@ class Dispatcher:
             raise QueueClosed("the GPU queue shut down while the job waited")
         return waiter.lane
 
+    async def alone(self, lane: Lane) -> None:
+        """`lane`, held shared, has its GPU alone once the GPU's other jobs are done (no job starts
+        there meanwhile); at once if it is alone already."""
+        if self._holders.get(lane):
+            return
+        if self.closed:
+            raise QueueClosed("the GPU queue is shut down")
+        self._holders.pop(lane, None)  # parked: its job waits, so the GPU's others may end
+        waiter = _Waiter(lane.gpu, True, held=lane)
+        staged = sum(1 for w in self._waiters if w.held is not None)
+        self._waiters.insert(staged, waiter)  # after the staged jobs that asked before it
+        self._match()
+        try:
+            await waiter.event.wait()
+        except BaseException:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+                self._match()
+            raise
+        if waiter.lane is None:
+            raise QueueClosed("the GPU queue shut down while the job waited for its GPU")
+
     def release(self, lane: Lane) -> None:
         """`lane`'s worker may take a job: its job is done and the worker healthy, or the worker
         is fresh."""
@@ -254,6 +294,18 @@ class Dispatcher:
         running = Counter(lane.gpu for lane in self._holders)  # jobs running per GPU
         alone = {lane.gpu for lane, exclusive in self._holders.items() if exclusive}  # held by a timing job
         for waiter in list(self._waiters):
+            if waiter.held is not None:  # a staged job: its GPU alone, no lane to take
+                lane = waiter.held if not running[waiter.gpu] and waiter.gpu not in reserved else None
+                if lane is None:
+                    reserved.add(waiter.gpu)
+                    continue
+                self._waiters.remove(waiter)
+                self._holders[lane] = True
+                running[lane.gpu] += 1
+                alone.add(lane.gpu)
+                waiter.lane = lane
+                waiter.event.set()
+                continue
             if not self._free:
                 return
             lane = self._take(waiter, reserved, running, alone)

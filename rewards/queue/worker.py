@@ -18,6 +18,9 @@ CUDA errors: a handler exception naming a sticky CUDA error (illegal address, la
 misaligned address, device-side assert, ...) is reported as `cuda_poisoned`; in process mode the
 worker then exits (code 3) so the queue starts a fresh one, since the context stays broken.
 
+A staged job (`Job.staged`, process mode) gets `JobContext.gpu_alone`: it writes `GpuAloneAsk` on
+the channel and blocks until the queue's `GpuAloneGiven` comes back, the GPU then the job's alone.
+
 What it is not: no watchdog (the queue kills the whole process group at a job's deadline) and no
 sandbox of its own (the queue wraps it in bubblewrap; `--reap-strays` only cleans up inside it).
 """
@@ -39,6 +42,7 @@ import stat
 import sys
 import time
 import traceback
+from collections.abc import Callable
 
 import msgspec
 
@@ -47,6 +51,7 @@ from rewards.queue.jobs import (
     HEADER,
     MAX_FRAME_BYTES,
     Handler,
+    GpuAloneAsk,
     Job,
     JobContext,
     JobResult,
@@ -54,6 +59,7 @@ from rewards.queue.jobs import (
     WorkerReady,
     encode,
     frame,
+    given_decoder,
     job_decoder,
     result_decoder,
 )
@@ -307,7 +313,9 @@ class Worker:
 
     def run(self, job: Job) -> JobResult:
         scratch = self.args.scratch
-        ctx = JobContext(job_id=job.job_id, gpu=self.args.gpu, scratch_dir=scratch, deadline_s=job.deadline_s)
+        staged = job.staged and not self.args.fork_per_job  # a forked child has no channel
+        ctx = JobContext(job_id=job.job_id, gpu=self.args.gpu, scratch_dir=scratch, deadline_s=job.deadline_s,
+                         gpu_alone=self._gpu_alone() if staged else None)
         try:
             _reset_dir(scratch)
             os.chdir(scratch)
@@ -321,6 +329,23 @@ class Worker:
             return run_inline(job, handler, ctx)
         finally:
             self._clean_up()
+
+    def _gpu_alone(self) -> Callable[[], float]:
+        """The staged job's `JobContext.gpu_alone`: asks once; later calls return 0 at once."""
+        asked = False
+
+        def gpu_alone() -> float:
+            nonlocal asked
+            if asked:
+                return 0.0
+            asked = True
+            self.channel.write(encode(GpuAloneAsk()))
+            message = self.channel.read()
+            if message is None:
+                raise SystemExit("the queue went away while the job waited for its GPU")
+            return given_decoder.decode(message).waited_s
+
+        return gpu_alone
 
     def _clean_up(self) -> None:
         if self.args.reap_strays:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -130,7 +131,9 @@ class Profile(Struct, frozen=True, kw_only=True):
     job_wait_s: float = 0.0
     """Seconds the job waited for its lane and its GPU (stamped by `profile_workspace`)."""
     job_wall_s: float = 0.0
-    """Seconds the job held its lane; a timing job has its GPU alone meanwhile."""
+    """Seconds the job held its lane, less a staged job's wait for its GPU alone."""
+    job_alone_s: float = 0.0
+    """Of `job_wall_s`, the seconds it had its GPU alone (a staged job: from its ask on)."""
     diverged: str = ""
     """Paired timing: after the timed calls the candidate's forward no longer matched the reference
     (what it computed while timed is not what was verified): why. Scored as output_caching."""
@@ -164,6 +167,7 @@ class TimePaired(Struct, frozen=True, kw_only=True, tag="paired"):
     policy: str
     compile_cache_path: str = ""  # Inductor artifacts to load before compiling, "" for none
     candidate: Literal["model_new", "reference"] = "model_new"
+    staged: bool = False  # answer `Prepared` once all three are built, then wait for `Measure`
 
 
 class Timed(Struct, frozen=True, kw_only=True):
@@ -176,18 +180,45 @@ class Timed(Struct, frozen=True, kw_only=True):
     diverged: str = ""  # after its timed calls forward no longer computes the task: why (paired timing)
 
 
+class Prepared(Struct, frozen=True, kw_only=True):
+    """A staged child's first answer: built and ready to time (`failed` None), or the `Timed` it
+    ends with because it could not be built."""
+
+    failed: Timed | None = None
+
+
+class Measure(Struct, frozen=True, kw_only=True):
+    """The parent's go: the GPU is the job's alone."""
+
+
 time_request_decoder = msgspec.msgpack.Decoder(TimeCandidate | TimePaired)
 timed_decoder = msgspec.msgpack.Decoder(Timed)
+prepared_decoder = msgspec.msgpack.Decoder(Prepared)
+measure_decoder = msgspec.msgpack.Decoder(Measure)
 
 
 class ProfileChild(CandidateProcess):
     """A `rewards.timing.profile_child` process: the candidate process of the verifier, other module."""
 
     module = "rewards.timing.profile_child"
+    gpu_alone_s = 0.0  # a staged child's parent waited so long for the GPU alone
 
-    def time(self, message: TimeCandidate | TimePaired, timeout_s: float) -> Timed:
+    def time(self, message: TimeCandidate | TimePaired, timeout_s: float,
+             gpu_alone: Callable[[], float] | None = None) -> Timed:
+        """The child's `Timed`. A staged message (`TimePaired.staged`): once the child has built
+        what it times, `gpu_alone()` (the queue's `JobContext.gpu_alone`; its wait is not counted
+        in `timeout_s`), then the go."""
         self.pipe.send(message)
-        return self.pipe.receive(timed_decoder, timeout_s)
+        if not getattr(message, "staged", False):
+            return self.pipe.receive(timed_decoder, timeout_s)
+        began = time.monotonic()
+        prepared = self.pipe.receive(prepared_decoder, timeout_s)
+        if prepared.failed is not None:
+            return prepared.failed
+        spent = time.monotonic() - began
+        self.gpu_alone_s = gpu_alone() if gpu_alone is not None else 0.0
+        self.pipe.send(Measure())
+        return self.pipe.receive(timed_decoder, max(timeout_s - spent, 1.0))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,9 +303,11 @@ def _load_message(request: ProfileRequest, work_dir: Path, transfer: Path) -> Lo
 ChildMessage = Callable[[Load, Path], TimeCandidate | TimePaired]
 
 
-def _in_child(request: ProfileRequest, work_dir: Path, phases: Phases | None, message: ChildMessage) -> Timed:
+def _in_child(request: ProfileRequest, work_dir: Path, phases: Phases | None, message: ChildMessage,
+              gpu_alone: Callable[[], float] | None = None) -> Timed:
     """Send a fresh child `message(load, transfer_dir)`; its failures (crash, timeout, exception)
-    are values. `phases` gets "state", "spawn", "child" (and the child's own "child.*") and "close"."""
+    are values. `phases` gets "state", "spawn", "child" (and the child's own "child.*"; a staged
+    child's "child.gpu_alone_wait", the wait for the GPU alone, inside "child") and "close"."""
     phases = phases if phases is not None else Phases()
     transfer = work_dir / f"xfer-{uuid.uuid4().hex[:12]}"
     transfer.mkdir(parents=True)
@@ -286,8 +319,10 @@ def _in_child(request: ProfileRequest, work_dir: Path, phases: Phases | None, me
         with phases.phase("spawn"):
             child.start()
         with phases.phase("child"):
-            timed = child.time(sent, c.load_timeout_s + c.time_timeout_s)
+            timed = child.time(sent, c.load_timeout_s + c.time_timeout_s, gpu_alone)
         phases.merge(timed.phases_ms)
+        if getattr(sent, "staged", False):
+            phases.add("child.gpu_alone_wait", child.gpu_alone_s * 1e3)
         return timed
     except TimeoutError:
         return Timed(ok=False, error=f"the candidate was not timed within {c.load_timeout_s + c.time_timeout_s:.0f} s")
@@ -307,8 +342,9 @@ def time_candidate(request: ProfileRequest, config: TimingConfig, work_dir: Path
 
 
 def time_paired(request: ProfileRequest, work_dir: Path, phases: Phases | None = None,
-                compile_cache: bytes = b"") -> Timed:
-    """Time candidate, eager and torch.compile together in a fresh child (module docstring)."""
+                compile_cache: bytes = b"", gpu_alone: Callable[[], float] | None = None) -> Timed:
+    """Time candidate, eager and torch.compile together in a fresh child (module docstring); with
+    `gpu_alone` (a staged job's), the child builds all three first, then asks through it."""
     c = request.config
 
     def message(load: Load, transfer: Path) -> TimePaired:
@@ -317,15 +353,19 @@ def time_paired(request: ProfileRequest, work_dir: Path, phases: Phases | None =
             path = str(transfer / "compile_cache.bin")
             Path(path).write_bytes(compile_cache)
         return TimePaired(load=load, config=c.timing, paired=c.paired, input_seed=c.input_seed, policy=c.policy,
-                          compile_cache_path=path, candidate=request.candidate)
+                          compile_cache_path=path, candidate=request.candidate, staged=gpu_alone is not None)
 
-    return _in_child(request, work_dir, phases, message)
+    return _in_child(request, work_dir, phases, message, gpu_alone)
 
 
-def run_profile(request: ProfileRequest, *, work_dir: Path) -> Profile:
-    """Baselines here and the candidate in a child, or all three paired in a child (module docstring)."""
+def run_profile(request: ProfileRequest, *, work_dir: Path, gpu_alone: Callable[[], float] | None = None) -> Profile:
+    """Baselines here and the candidate in a child, or all three paired in a child (module
+    docstring). `gpu_alone`: the job started beside verification jobs (a staged job); the paired
+    way asks once all three are built, the other at once (its baselines may be timed here)."""
     if request.paired:
-        return _run_paired(request, Path(work_dir))
+        return _run_paired(request, Path(work_dir), gpu_alone)
+    if gpu_alone is not None:
+        gpu_alone()
     phases = Phases()
     with phases.phase("import"):  # torch and rewards.timing.baselines: once per worker process
         from rewards.timing.baselines import candidate_config
@@ -342,13 +382,13 @@ def run_profile(request: ProfileRequest, *, work_dir: Path) -> Profile:
     return Profile(ok=True, candidate=timed.measurement.timing, phases_ms=phases.as_dict(), **common)
 
 
-def _run_paired(request: ProfileRequest, work_dir: Path) -> Profile:
+def _run_paired(request: ProfileRequest, work_dir: Path, gpu_alone: Callable[[], float] | None) -> Profile:
     phases = Phases()
     artifacts, recorded = request.compile_cache, b""
     if not artifacts and request.config.compile_cache:
         with phases.phase("compile_cache"):  # once per task and env: later requests bring it
             artifacts = recorded = compile_reference(request)
-    timed = time_paired(request, work_dir, phases, artifacts)
+    timed = time_paired(request, work_dir, phases, artifacts, gpu_alone)
     if timed.harness_error:
         raise ProfileInfrastructureError(f"the reference could not be built or compiled:\n{timed.error}")
     common = dict(compile_cache=recorded, reference_candidate=request.candidate == "reference")
@@ -365,7 +405,7 @@ def _run_paired(request: ProfileRequest, work_dir: Path) -> Profile:
 
 def profile(payload: bytes, ctx: JobContext) -> bytes:
     """GPU-queue handler: ProfileRequest (msgpack) in, Profile (msgpack) out."""
-    return encode(run_profile(decode(payload, ProfileRequest), work_dir=Path(ctx.scratch_dir)))
+    return encode(run_profile(decode(payload, ProfileRequest), work_dir=Path(ctx.scratch_dir), gpu_alone=ctx.gpu_alone))
 
 
 def reference_compile(payload: bytes, ctx: JobContext) -> bytes:
@@ -406,7 +446,7 @@ async def profile_workspace(queue, workspace_dir: Path, task: Task, artifact_pat
               files=files, deadline_s=deadline_s)
     result = await queue.submit(job)
     outcome = profile_from_job(result.status, result.value, result.error)
-    return msgspec.structs.replace(outcome, job_wait_s=result.wait_s, job_wall_s=result.wall_s)
+    return msgspec.structs.replace(outcome, job_wait_s=result.wait_s, job_wall_s=result.wall_s, job_alone_s=result.alone_s)
 
 
 async def reference_artifacts(queue, task: Task, *, config: ProfileConfig = ProfileConfig(), device: str = "cuda",

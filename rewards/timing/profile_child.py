@@ -30,6 +30,7 @@ import ast
 import functools
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rewards.verify.phases import Phases, process_age_ms
@@ -42,7 +43,14 @@ import torch
 from rewards.timing import baselines, headroom
 from rewards.timing.baselines import measure_model
 from rewards.timing.paired_timer import PairedCall, measure_paired
-from rewards.timing.profile import TimeCandidate, Timed, TimePaired, time_request_decoder
+from rewards.timing.profile import (
+    Prepared,
+    TimeCandidate,
+    Timed,
+    TimePaired,
+    measure_decoder,
+    time_request_decoder,
+)
 from rewards.verify import fused, probes
 from rewards.verify.candidate import _as_list, _die_with_parent, build_model, describe_exception
 from rewards.verify.inputs import load_task
@@ -132,7 +140,24 @@ def _compile_seconds() -> dict[str, float]:
     return {name: sum(times) for name, times in compilation_time_metrics.items()}
 
 
-def time_paired(msg: TimePaired) -> Timed:
+def time_paired(msg: TimePaired, pipe: Pipe | None = None) -> Timed | Prepared:
+    """The three built, then timed together. A staged message: `Prepared` on `pipe` between the
+    two, and the timing only once the parent's `Measure` comes (the GPU is then the job's alone);
+    a staged child that fails before it is ready answers `Prepared(failed=...)` instead."""
+    if not msg.staged or pipe is None:
+        return _time_paired(msg, lambda: None)
+    sent: list[bool] = []
+
+    def ready() -> None:
+        pipe.send(Prepared())
+        sent.append(True)
+        pipe.receive(measure_decoder)
+
+    timed = _time_paired(msg, ready)
+    return timed if sent else Prepared(failed=timed)
+
+
+def _time_paired(msg: TimePaired, ready: Callable[[], None]) -> Timed:
     phases = Phases()
     phases.merge(_STARTUP_MS, prefix="")
     probes.pin_precision()  # the numerics the candidate was verified under, the baselines' too
@@ -146,6 +171,9 @@ def time_paired(msg: TimePaired) -> Timed:
     try:
         with phases.phase("build"):  # extension, model_new.py, ModelNew, state
             candidate = candidate_model(msg)
+            if torch.device(msg.load.device).type == "cuda":
+                torch.cuda.synchronize()  # nothing of the build still running once it says it is ready
+        ready()
         checks: list[str] = []
         with phases.phase("measure"), torch.no_grad():
             paired = measure_paired([PairedCall("candidate", "", candidate), *calls], make_inputs, msg.config,
@@ -223,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         msg = pipe.receive(time_request_decoder)
     except ChildGone:
         return 0
-    pipe.send(time_paired(msg) if isinstance(msg, TimePaired) else time_candidate(msg))
+    pipe.send(time_paired(msg, pipe) if isinstance(msg, TimePaired) else time_candidate(msg))
     return 0
 
 
