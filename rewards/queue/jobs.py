@@ -209,8 +209,8 @@ SHARED_KINDS: tuple[str, ...] = ("ping", "sleep", "crash", "cuda_poison", "print
 """Kinds that time nothing, so on a GPU with several lanes they run beside each other (verify
 judges outputs; its timeouts are budgets, not measurements; reference_compile records a task's
 torch.compile artifacts for the paired timing that follows, `rewards.timing.profile`). Every other kind has its GPU to
-itself while it runs: `profile` (the agent's tool, the baselines it measures once per task, and
-the final evaluation's paired timing), `baseline` (the KernelBench recheck's), `synth_filter`
+itself while it runs (a staged kind, `STAGED_KINDS`, from its handler's ask): `profile` (the agent's
+tool, the baselines it measures once per task, and the final evaluation's paired timing), `baseline` (the KernelBench recheck's), `synth_filter`
 (the data filters' runtime filter), and any kind a config adds, unless listed in
 `GpuQueueConfig.shared_kinds`."""
 
