@@ -102,6 +102,18 @@ def test_real_mode_flags_parse_with_their_defaults():
     assert not _parse_args([]).real_jobs and _parse_args([]).demo == []
 
 
+def test_the_paired_and_staging_flags_reach_the_env_and_its_queue():
+    from bench.system.gpu_queue_real import env_config
+    from rewards.env import queue_config
+
+    plain = env_config(_parse_args(["--real-jobs"]))
+    assert plain.lanes_per_gpu == 1 and plain.queue.staged_kinds == ("profile",)
+    args = _parse_args(["--real-jobs", "--paired", "--lanes-per-gpu", "4", "--unstaged"])
+    config = env_config(args)
+    assert args.paired and config.lanes_per_gpu == 4 and config.queue.staged_kinds == ()
+    assert queue_config(config, (0,)).lanes_per_gpu == 4 and queue_config(config, (0,)).staged_kinds == ()
+
+
 def test_demos_are_names_or_directories_in_the_demo_layout():
     assert [d.task.task_id for d in load_demos([])] == list(DEFAULT_DEMOS)
     demos = load_demos(["l1_1_matmul_cublas", str(RELU), "l1_1_matmul_cublas"])

@@ -117,8 +117,8 @@ def config(tmp_path, outside_dir, monkeypatch) -> GpuQueueConfig:
         handlers={"spawn": "queue_test_handlers:spawn", "shout": "queue_test_handlers:shout",
                   "compile_sum": "queue_test_handlers:compile_sum", "torch_threads": "queue_test_handlers:torch_threads",
                   "timed_sleep": "rewards.queue.jobs:sleep",  # not a shared kind: has its GPU alone
-                  "staged_sleep": "queue_test_handlers:staged_sleep"},
-        staged_kinds=("staged_sleep",),  # prepares beside the shared jobs, then has its GPU alone
+                  "staged_sleep": "queue_test_handlers:staged_sleep", "staged_silent": "rewards.queue.jobs:sleep"},
+        staged_kinds=("staged_sleep", "staged_silent"),  # prepare beside the shared jobs, then have the GPU alone
     )
 
 
@@ -441,6 +441,25 @@ async def test_a_staged_job_prepares_beside_shared_jobs_and_times_alone(config):
     lanes = queue.statistics().lanes
     assert sum(lane.exclusive_jobs for lane in lanes) == 1
     assert queue.statistics().kinds["staged_sleep"].jobs == 1
+
+
+async def test_a_staged_job_that_never_asks_ends_as_a_shared_one(config):
+    """A handler that fails before it is ready to time (or never times) never asks."""
+    async with GpuQueue(shared_gpu(config)) as queue, anyio.create_task_group() as tg:
+        runs = Runs(queue, tg)
+        runs.start("a", "sleep", 0.5)
+        runs.start("silent", "staged_silent", 0.5)
+    assert all(r.status is JobStatus.OK for r in runs.results.values())
+    spans = runs.spans()
+    assert overlap(spans["a"], spans["silent"]) and runs.results["silent"].alone_s == 0.0
+
+
+def test_a_result_frame_is_never_taken_for_an_ask():
+    from rewards.queue.gpu_queue import _is_ask
+    from rewards.queue.jobs import GpuAloneAsk, JobResult
+
+    assert _is_ask(encode(GpuAloneAsk(wants="gpu_alone")))
+    assert not _is_ask(encode(JobResult(job_id="j", status=JobStatus.OK, value=b"gpu_alone")))
 
 
 async def test_a_staged_job_asking_goes_before_waiting_shared_jobs(config):

@@ -66,6 +66,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     real.add_argument("--compile-cache-dir", default="", help="compile pool cache; '' its default")
     real.add_argument("--child-launcher", choices=("spawn", "zygote"), default="zygote",
                       help="candidate/profile children: a fresh interpreter, or forked by a pre-loaded zygote")
+    real.add_argument("--lanes-per-gpu", type=_positive, default=1, help="lanes per GPU (verification shares a GPU)")
+    real.add_argument("--paired", action="store_true", help="the profile jobs are the final evaluation's paired timing")
+    real.add_argument("--unstaged", dest="staged", action="store_false",
+                      help="profile jobs have their GPU alone from the start (not staged: GpuQueueConfig.staged_kinds)")
     return p.parse_args(argv)
 
 

@@ -94,6 +94,7 @@ class JobRecord(Struct, frozen=True, kw_only=True):
     run_s: float = 0.0
     wall_s: float = 0.0
     wait_s: float = 0.0
+    alone_s: float = 0.0  # of wall_s, with the GPU alone
     gpu: int = -1
     phases_ms: dict[str, float] = {}
     """The job's own breakdown (rewards.verify.phases), plus "queue.outside_handler" (wall - run)
@@ -159,8 +160,10 @@ class _Recorded:
 
 
 async def run_job(queue: GpuQueue, kind: str, demo: BuiltDemo, config: EnvConfig, *, mode: str = "quick",
-                  baselines: Baselines | None = None, gpu: int | None = None) -> tuple[JobRecord, Profile | None]:
-    """One job; a failing candidate or a handler error is a record with ok=False, not a raise."""
+                  baselines: Baselines | None = None, gpu: int | None = None, paired: bool = False,
+                  compile_cache: bytes = b"") -> tuple[JobRecord, Profile | None]:
+    """One job; a failing candidate or a handler error is a record with ok=False, not a raise.
+    `paired`: a profile job times candidate, eager and compile together (the final evaluation's)."""
     via, ws, outcome, phases = _Recorded(queue, gpu), Path(demo.workspace), None, {}
     try:
         if kind == "verify":
@@ -168,14 +171,16 @@ async def run_job(queue: GpuQueue, kind: str, demo: BuiltDemo, config: EnvConfig
                                              deadline_s=config.job_deadline_s)
             ok, message, phases = verdict.ok, verdict.message, verdict.phases_ms
         else:
+            way = {"paired": True, "compile_cache": compile_cache} if paired else {"baselines": baselines}
             outcome = await profile_workspace(via, ws, demo.task, demo.so_path, config=config.profile,
-                                              baselines=baselines, deadline_s=config.job_deadline_s)
+                                              deadline_s=config.job_deadline_s, **way)
             ok, message, phases = outcome.ok, outcome.message, outcome.phases_ms
     except (VerifyInfrastructureError, ProfileInfrastructureError) as error:
         ok, message = False, str(error)
     r = via.result
     record = JobRecord(kind=kind, demo=demo.name, ok=ok, status=r.status.value, message=message[-1000:],
-                       run_s=r.run_s, wall_s=r.wall_s, wait_s=r.wait_s, gpu=r.gpu, phases_ms=job_phases(r, phases))
+                       run_s=r.run_s, wall_s=r.wall_s, wait_s=r.wait_s, alone_s=r.alone_s, gpu=r.gpu,
+                       phases_ms=job_phases(r, phases))
     return record, outcome
 
 
@@ -220,15 +225,20 @@ def _profile_ms(outcome: Profile) -> dict[str, float | None]:
 
 
 async def saturate(queue: GpuQueue, demos: list[BuiltDemo], config: EnvConfig, *, jobs: int, concurrency: int,
-                   mode: str, baselines: dict[str, Baselines]) -> dict:
+                   mode: str, baselines: dict[str, Baselines], paired: bool = False) -> dict:
     """`jobs` verify and `jobs` profile jobs, interleaved over the demos, through `concurrency`
-    submitters; busy fraction and restarts over this window only."""
+    submitters; busy fraction and restarts over this window only. `paired`: the profile jobs are
+    the final evaluation's (each demo's first records its task's compile artifacts for the rest)."""
     work = iter([(kind, demos[i % len(demos)]) for i in range(jobs) for kind in KINDS])
     records: list[JobRecord] = []
+    caches: dict[str, bytes] = {}
 
     async def submitter() -> None:
         for kind, demo in work:
-            record, _ = await run_job(queue, kind, demo, config, mode=mode, baselines=baselines.get(demo.name))
+            record, outcome = await run_job(queue, kind, demo, config, mode=mode, baselines=baselines.get(demo.name),
+                                            paired=paired, compile_cache=caches.get(demo.name, b""))
+            if outcome is not None and outcome.compile_cache:
+                caches.setdefault(demo.name, outcome.compile_cache)
             records.append(record)
 
     before, start = queue.statistics(), time.monotonic()
@@ -293,7 +303,7 @@ def summarize(records: list[JobRecord]) -> dict:
         kinds[kind] = {
             "jobs": len(mine), "ok": sum(r.ok for r in mine), "statuses": dict(Counter(r.status for r in mine)),
             "wall_ms": latency_ms([r.wall_s for r in mine]), "run_ms": latency_ms([r.run_s for r in mine]),
-            "wait_ms": latency_ms([r.wait_s for r in mine]),
+            "wait_ms": latency_ms([r.wait_s for r in mine]), "alone_ms": latency_ms([r.alone_s for r in mine]),
             "under_target_fraction": sum(r.wall_s < TARGET_JOB_S for r in mine) / max(len(mine), 1),
             "phases_ms": phase_summary(mine),
         }
@@ -319,10 +329,12 @@ def env_config(args: argparse.Namespace) -> EnvConfig:
     if not all("=" in h for h in args.handler):
         raise ValueError(f"--handler wants KIND=module:function, got {args.handler}")
     handlers = dict(h.split("=", 1) for h in args.handler)
+    staged = {} if getattr(args, "staged", True) else {"staged_kinds": ()}
     queue = GpuQueueConfig(fork_per_job=args.fork_per_job, preload=tuple(args.preload), handlers=handlers,
-                           job_default_deadline_s=args.deadline_s)
+                           job_default_deadline_s=args.deadline_s, **staged)
     launcher = getattr(args, "child_launcher", "zygote")  # rewards.queue.zygote
     return EnvConfig(gpus=tuple(int(g) for g in args.gpus.split(",")), sandbox="on" if args.sandbox else "off",
+                     lanes_per_gpu=getattr(args, "lanes_per_gpu", 1),
                      compile=CompileConfig(cache_dir=args.compile_cache_dir), queue=queue,
                      verify=VerifyConfig(child_launcher=launcher), profile=ProfileConfig(child_launcher=launcher),
                      job_deadline_s=args.deadline_s)
@@ -354,11 +366,12 @@ async def run(args: argparse.Namespace, *, gpu_count: Callable[[str], Awaitable[
             _progress(f"queue up in {start_s:.1f} s, warm-up done in {warm['seconds']:.1f} s; saturating")
             concurrency = args.concurrency or 4 * len(queue.gpus)
             sat = await saturate(queue, built, config, jobs=args.jobs, concurrency=concurrency,
-                                 mode=args.verify_mode, baselines=warm["baselines"])
+                                 mode=args.verify_mode, baselines=warm["baselines"], paired=getattr(args, "paired", False))
             final = queue.statistics()
     return {
         "mode": "real_jobs",
         "config": {"demos": [d.name for d in built], "jobs_per_kind": args.jobs, "verify_mode": args.verify_mode,
+                   "paired": getattr(args, "paired", False),
                    "concurrency": concurrency, "queue": msgspec.to_builtins(queue_cfg)},
         "queue_start_s": start_s,
         "builds": {d.name: {"build_s": d.build_s, "built_units": d.built_units, "cached_units": d.cached_units}

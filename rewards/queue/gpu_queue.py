@@ -363,7 +363,7 @@ def _scratch_name(gpu: int, slot: int) -> str:
 
 
 def _is_ask(message: bytes) -> bool:
-    """A staged job's `GpuAloneAsk` (a result frame lacks its tag)."""
+    """A staged job's `GpuAloneAsk` (a result frame lacks its `wants`)."""
     try:
         ask_decoder.decode(message)
     except msgspec.DecodeError:

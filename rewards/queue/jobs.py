@@ -56,8 +56,11 @@ class Job(Struct, frozen=True, kw_only=True):
     staged: bool = False  # set by the queue: the job starts beside others and asks for its GPU alone (JobContext.gpu_alone)
 
 
-class GpuAloneAsk(Struct, frozen=True, kw_only=True, tag="gpu_alone"):
-    """A staged job's frame to the queue, mid-job: it is ready to time and wants its GPU alone."""
+class GpuAloneAsk(Struct, frozen=True, kw_only=True):
+    """A staged job's frame to the queue, mid-job: it is ready to time and wants its GPU alone.
+    `wants` has no default: a `JobResult` frame never decodes as one."""
+
+    wants: Literal["gpu_alone"]
 
 
 class GpuAloneGiven(Struct, frozen=True, kw_only=True):

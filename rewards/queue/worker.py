@@ -339,7 +339,7 @@ class Worker:
             if asked:
                 return 0.0
             asked = True
-            self.channel.write(encode(GpuAloneAsk()))
+            self.channel.write(encode(GpuAloneAsk(wants="gpu_alone")))
             message = self.channel.read()
             if message is None:
                 raise SystemExit("the queue went away while the job waited for its GPU")
