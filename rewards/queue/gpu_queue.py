@@ -7,9 +7,10 @@ started in its own session with CUDA_VISIBLE_DEVICES pinned, optionally inside b
 runs the job under a watchdog and returns a `JobResult`. Jobs that time something (every kind
 not in `config.shared_kinds`) have their GPU to themselves; verification jobs share it, one per
 lane; a staged kind (`config.staged_kinds`) starts beside them and has its GPU alone from when its
-handler asks (`JobContext.gpu_alone`), the wait not counted in its deadline. A worker that timed out, crashed or poisoned its CUDA context is killed with its whole
-process group and replaced in the background; the result goes back at once, and the GPU counts
-the job as running until the killed worker is reaped.
+handler asks (`JobContext.gpu_alone`), the wait not counted in its deadline. A worker that timed
+out, crashed or poisoned its CUDA context is killed with its whole process group and replaced in
+the background; the result goes back at once, and the GPU counts the job as running until the
+killed worker is reaped.
 
 What it is not: it knows nothing of what a job does (handlers do, see `rewards.queue.jobs`), and it
 never touches CUDA itself, not even to count GPUs (a subprocess does that).
