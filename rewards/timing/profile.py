@@ -201,22 +201,21 @@ class ProfileChild(CandidateProcess):
     """A `rewards.timing.profile_child` process: the candidate process of the verifier, other module."""
 
     module = "rewards.timing.profile_child"
-    gpu_alone_s = 0.0  # a staged child's parent waited so long for the GPU alone
 
     def time(self, message: TimeCandidate | TimePaired, timeout_s: float,
              gpu_alone: Callable[[], float] | None = None) -> Timed:
-        """The child's `Timed`. A staged message (`TimePaired.staged`): once the child has built
-        what it times, `gpu_alone()` (the queue's `JobContext.gpu_alone`; its wait is not counted
-        in `timeout_s`), then the go."""
+        """The child's `Timed`. With `gpu_alone` (a staged message, `TimePaired.staged`): once the
+        child has built what it times, `gpu_alone()` (its wait is not counted in `timeout_s`),
+        then the go."""
         self.pipe.send(message)
-        if not getattr(message, "staged", False):
+        if gpu_alone is None:
             return self.pipe.receive(timed_decoder, timeout_s)
         began = time.monotonic()
         prepared = self.pipe.receive(prepared_decoder, timeout_s)
         if prepared.failed is not None:
             return prepared.failed
         spent = time.monotonic() - began
-        self.gpu_alone_s = gpu_alone() if gpu_alone is not None else 0.0
+        gpu_alone()
         self.pipe.send(Measure())
         return self.pipe.receive(timed_decoder, max(timeout_s - spent, 1.0))
 
@@ -319,10 +318,8 @@ def _in_child(request: ProfileRequest, work_dir: Path, phases: Phases | None, me
         with phases.phase("spawn"):
             child.start()
         with phases.phase("child"):
-            timed = child.time(sent, c.load_timeout_s + c.time_timeout_s, gpu_alone)
+            timed = child.time(sent, c.load_timeout_s + c.time_timeout_s, _recorded(gpu_alone, phases))
         phases.merge(timed.phases_ms)
-        if getattr(sent, "staged", False):
-            phases.add("child.gpu_alone_wait", child.gpu_alone_s * 1e3)
         return timed
     except TimeoutError:
         return Timed(ok=False, error=f"the candidate was not timed within {c.load_timeout_s + c.time_timeout_s:.0f} s")
@@ -332,6 +329,19 @@ def _in_child(request: ProfileRequest, work_dir: Path, phases: Phases | None, me
         with phases.phase("close"):
             child.close()
             shutil.rmtree(transfer, ignore_errors=True)
+
+
+def _recorded(gpu_alone: Callable[[], float] | None, phases: Phases) -> Callable[[], float] | None:
+    """`gpu_alone` that adds its wait to `phases` as "child.gpu_alone_wait"."""
+    if gpu_alone is None:
+        return None
+
+    def asked() -> float:
+        waited = gpu_alone()
+        phases.add("child.gpu_alone_wait", waited * 1e3)
+        return waited
+
+    return asked
 
 
 def time_candidate(request: ProfileRequest, config: TimingConfig, work_dir: Path,
