@@ -17,9 +17,11 @@ from bench.system.policy_learning import (
     SeedResult,
     changed_tasks,
     control_rows,
+    heldout_new,
     main_policy,
     markdown,
     mean_se,
+    passes_by_new,
     ppo_steps,
     seed_configs,
     share_demonstrations,
@@ -82,6 +84,33 @@ def test_the_report_counts_the_tasks_ppo_moved_either_way():
     assert changed_tasks(ppo, control) == (1, 1, 4)  # a up, b down; c the same; unscored d is a failure
     result = SeedResult(seed=0, wall_s=1.0, ppo={"after_ppo": ppo}, control={"after_ppo": control})
     assert "| 1 / 1 of 4 |" in markdown([result], "smollm2-135m", verdicts([result]))
+
+
+def test_the_report_splits_held_out_passes_by_what_is_new_and_counts_ppos_room(tmp_path):
+    def row(label: str, by_task: dict[str, list[float | None]]) -> Row:
+        return Row(label=label, weight_version=0, tasks=4, trajectories=4, pass_rate=0.0, reward_mean=0.0,
+                   faster_than_eager_rate=0.0, scored=4.0, parse_error_rate=0.0, turns_mean=4.0, by_task=by_task)
+
+    new = {"relu_s3": "shape", "chain": "chain", "mish": "op", "selu": "op"}
+    rft = row("after_rft", {"relu_s3": [2.0], "chain": [-1.0], "mish": [-1.0], "selu": [None]})
+    ppo = row("after_ppo", {"relu_s3": [1.0], "chain": [1.0], "mish": [-1.0], "selu": [1.0]})
+    assert passes_by_new(rft, new) == {"trained ops": (1, 2), "new op": (0, 2)}
+    assert passes_by_new(ppo, new) == {"trained ops": (2, 2), "new op": (1, 2)}
+    result = SeedResult(seed=0, wall_s=1.0, ppo={"after_rft": rft, "after_ppo": ppo},
+                        control={"after_ppo": msgspec.structs.replace(rft, label="after_ppo")}, heldout_new=new)
+    text = markdown([result], "smollm2-135m", verdicts([result]))
+    assert "| 0 | 1 / 2 | 0 / 2 | 2 / 2 | 1 / 2 | 1 / 2 | 0 / 2 | 1 of 2 |" in text
+    assert "room" not in markdown([msgspec.structs.replace(result, heldout_new={})], "m", verdicts([result]))
+
+
+def test_a_seed_reads_what_is_new_in_each_held_out_task_from_its_split(tmp_path):
+    split = families.split(scale=0.01)
+    families.write_manifest(tmp_path, split)
+    new = heldout_new(tmp_path)
+    assert set(new) == {t.task_id for t in split.heldout}
+    assert set(new.values()) <= {"shape", "chain", "op"} and "op" in new.values()
+    (tmp_path / "families_split.json").write_text("{torn")
+    assert heldout_new(tmp_path) == {} and heldout_new(tmp_path / "missing") == {}
 
 
 def test_the_control_evaluates_the_runs_post_value_actor_again_without_steps_that_cannot_move_it(tmp_path):

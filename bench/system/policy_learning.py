@@ -99,6 +99,9 @@ class SeedResult(Struct, kw_only=True):
     control: dict[str, Row]
     wall_s: float
     ppo_steps: list[PpoStep] = []
+    heldout_new: dict[str, str] = {}
+    """What is new in each held-out task (`families_split.json`): "shape" or "chain" (trained ops),
+    "op" (an op no training task has); empty when the run's tasks are not the families'."""
 
 
 def seed_configs(base: TrainConfig, out: Path, seed: int, overrides: list[str]) -> tuple[TrainConfig, TrainConfig]:
@@ -129,8 +132,22 @@ def run_seed(base: TrainConfig, out: Path, seed: int, overrides: list[str]) -> S
             _write_rows(control, rows)
         else:  # a sampled evaluation: the control evaluates its actor itself
             _train(control)
-    return SeedResult(seed=seed, ppo=_by_label(ppo.run_dir), control=_by_label(control.run_dir),
-                      wall_s=time.monotonic() - t0, ppo_steps=ppo_steps(ppo.run_dir))
+    return seed_result(seed, ppo, control, time.monotonic() - t0)
+
+
+def seed_result(seed: int, ppo: TrainConfig, control: TrainConfig, wall_s: float) -> SeedResult:
+    """What a seed's two run directories hold."""
+    return SeedResult(seed=seed, ppo=_by_label(ppo.run_dir), control=_by_label(control.run_dir), wall_s=wall_s,
+                      ppo_steps=ppo_steps(ppo.run_dir), heldout_new=heldout_new(ppo.run_dir))
+
+
+def heldout_new(run_dir: str | Path) -> dict[str, str]:
+    """task id -> what is new in it, from the run's `families_split.json` ({} without one, or a torn one)."""
+    try:
+        split = orjson.loads((Path(run_dir) / "families_split.json").read_bytes())
+        return {str(t["task_id"]): str(t["new"]) for t in split["heldout"]}
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
+        return {}
 
 
 def ppo_steps(run_dir: str | Path) -> list[PpoStep]:
@@ -345,6 +362,7 @@ def markdown(results: list[SeedResult], policy: str, v: dict[str, Any]) -> str:
     if v.get("wall_s") is not None:
         lines.append(f"- the whole run: {v['wall_s'] / 60:.1f} min (target <= {WALL_TARGET_S / 60:.0f} min): "
                      f"{'met' if v['wall_target_met'] else 'NOT met'}")
+    lines += _by_new_lines(results)
     if steps := max((len(r.ppo_steps) for r in results), default=0):
         lines += ["", "PPO steps on the training split (rollout mean reward / pass rate), and over the steps: the "
                       "reward's weight on each sample's first action (`train/reward_reach`), the share of samples "
@@ -360,6 +378,47 @@ def markdown(results: list[SeedResult], policy: str, v: dict[str, Any]) -> str:
                 cells.append(form.format(statistics.fmean(values)) if values else "-")
             lines.append(f"| {r.seed} | " + " | ".join(cells) + " |")
     return "\n".join([*lines, ""])
+
+
+NEW_GROUPS = (("trained ops", ("shape", "chain")), ("new op", ("op",)))
+"""How the report groups held-out tasks by what is new in them (`SeedResult.heldout_new`)."""
+
+
+def passes_by_new(row: Row, new: dict[str, str]) -> dict[str, tuple[int, int]]:
+    """group -> (trajectories passed, trajectories) of `row` over the held-out tasks of each of
+    NEW_GROUPS; a pass is a scored reward of at least 1 (correct)."""
+    counts = {}
+    for group, kinds in NEW_GROUPS:
+        rewards = [r for task, rs in row.by_task.items() if new.get(task) in kinds for r in rs]
+        counts[group] = (sum(r is not None and r >= 1.0 for r in rewards), len(rewards))
+    return counts
+
+
+def _by_new_lines(results: list[SeedResult]) -> list[str]:
+    """The held-out passes per seed split by what is new in the task, and the room PPO has."""
+    shown = [r for r in results if r.heldout_new]
+    if not shown:
+        return []
+    labels = (("after rft", "ppo", "after_rft"), ("after PPO", "ppo", "after_ppo"), ("control", "control", "after_ppo"))
+    lines = ["", ("Held-out passes (trajectories) by what is new in the task: trained ops in a new shape or chain, or "
+                  "an op that no training task has. PPO trains on trained ops alone, so its room on correctness is "
+                  "the trained-op tasks the post-rft policy fails; past that, only speed (rewards 2 and 3)."), "",
+             "| seed | " + " | ".join(f"{name}: {group}" for name, _, _ in labels for group, _ in NEW_GROUPS)
+             + " | room: trained-op tasks failed after rft |",
+             "|---" * (1 + len(labels) * len(NEW_GROUPS) + 1) + "|"]
+    for r in shown:
+        cells = []
+        for _, run, label in labels:
+            row = (r.ppo if run == "ppo" else r.control).get(label)
+            counts = passes_by_new(row, r.heldout_new) if row is not None else {}
+            cells += [f"{counts[g][0]} / {counts[g][1]}" if g in counts else "-" for g, _ in NEW_GROUPS]
+        room = "-"
+        if (rft := r.ppo.get("after_rft")) is not None:
+            trained = [t for t, kind in r.heldout_new.items() if kind in NEW_GROUPS[0][1] and t in rft.by_task]
+            failed = sum(not any(x is not None and x >= 1.0 for x in rft.by_task[t]) for t in trained)
+            room = f"{failed} of {len(trained)}"
+        lines.append(f"| {r.seed} | " + " | ".join(cells) + f" | {room} |")
+    return lines
 
 
 def _cell(row: Row | None) -> str:
@@ -451,8 +510,7 @@ async def _seeds_on_gpus(policy: str, seeds: int, out: Path, overrides: list[str
             if code:
                 log.error("seed %d on GPU %s exited with %d; see %s", seed, gpu, code, _seed_log(out, seed))
             ppo, control = seed_configs(base, out, seed, overrides)
-            results.append(SeedResult(seed=seed, ppo=_by_label(ppo.run_dir), control=_by_label(control.run_dir),
-                                      wall_s=time.monotonic() - t0, ppo_steps=ppo_steps(ppo.run_dir)))
+            results.append(seed_result(seed, ppo, control, time.monotonic() - t0))
             results.sort(key=lambda r: r.seed)
             _write(out, policy, results)
             first_done.set()  # whatever seed 0 left, the others go on with it
