@@ -86,6 +86,31 @@ async def test_a_staged_holder_prepares_beside_shared_ones_and_times_alone(locks
     assert s["s1"][1] <= s["x"][0] and s["x"][1] <= s["later"][0]
 
 
+async def test_a_staged_holder_that_times_nothing_more_shares_again_until_it_ends(locks):
+    log: list = []
+    async with anyio.create_task_group() as tg:
+
+        async def staged() -> None:
+            async with locks.hold("0", exclusive=False) as hold:
+                await hold.alone()
+                log.append(("timed", "in", time.monotonic()))
+                await anyio.sleep(0.1)
+                log.append(("timed", "out", time.monotonic()))
+                await hold.shared()
+                log.append(("tail", "in", time.monotonic()))
+                await anyio.sleep(0.3)
+                log.append(("tail", "out", time.monotonic()))
+
+        tg.start_soon(staged)
+        await anyio.sleep(0.05)  # it times: both wait, the shared one at the gate
+        tg.start_soon(hold_for, locks, "0", False, 0.1, log, "shared")
+        await anyio.sleep(0.01)
+        tg.start_soon(hold_for, locks, "0", True, 0.05, log, "x")
+    s = spans(log)
+    assert s["timed"][1] <= s["shared"][0] and overlap(s["shared"], s["tail"])
+    assert s["x"][0] >= s["tail"][1] and s["x"][0] >= s["shared"][1]  # an exclusive one waits for both
+
+
 async def test_two_staged_holders_never_wait_for_each_other(locks):
     log: list = []
     with anyio.fail_after(5):

@@ -77,16 +77,22 @@ def torch_threads(payload, ctx):
 
 def staged_sleep(payload, ctx):
     """Prepares (sleeps `prepare` s), asks for its GPU alone if it may, then "times" (sleeps
-    `timed` s): 'prepared_at alone_at ended waited asked' (time.time)."""
+    `timed` s), then shares its GPU again and sleeps `tail` s (0 by default):
+    'prepared_at alone_at shared_at ended waited asked' (time.time)."""
     import time
 
-    prepare, timed = (float(x) for x in payload.decode().split())
+    prepare, timed, tail = ([float(x) for x in payload.decode().split()] + [0.0])[:3]
     time.sleep(prepare)
     alone_at = time.time()
     waited = ctx.gpu_alone() if ctx.gpu_alone is not None else 0.0
     alone_at += waited
     time.sleep(timed)
-    return f"{alone_at - waited - prepare} {alone_at} {time.time()} {waited} {ctx.gpu_alone is not None}".encode()
+    if tail and ctx.gpu_shared is not None:
+        ctx.gpu_shared()
+    shared_at = time.time()
+    time.sleep(tail)
+    return (f"{alone_at - waited - prepare} {alone_at} {shared_at} {time.time()} {waited} "
+            f"{ctx.gpu_alone is not None}").encode()
 '''
 
 
@@ -411,18 +417,20 @@ async def test_a_cancelled_waiting_timing_job_releases_nothing_it_did_not_hold(c
 class Staged(msgspec.Struct, frozen=True):
     started: float  # its preparation began
     alone: float  # it had its GPU alone
+    shared: float  # it shared its GPU again (its timing over)
     ended: float
     waited: float  # for its GPU alone, as the worker heard it
     asked: bool  # it had `ctx.gpu_alone` to ask with
 
 
 def staged(result) -> Staged:
-    started, alone, ended, waited, asked = result.value.decode().split()
-    return Staged(float(started), float(alone), float(ended), float(waited), asked == "True")
+    started, alone, shared, ended, waited, asked = result.value.decode().split()
+    return Staged(float(started), float(alone), float(shared), float(ended), float(waited), asked == "True")
 
 
-def staged_job(prepare: float, timed: float, **fields) -> Job:
-    return Job(job_id=f"job-{next(_ids)}", kind="staged_sleep", payload=f"{prepare} {timed}".encode(), **fields)
+def staged_job(prepare: float, timed: float, tail: float = 0.0, **fields) -> Job:
+    return Job(job_id=f"job-{next(_ids)}", kind="staged_sleep", payload=f"{prepare} {timed} {tail}".encode(),
+               **fields)
 
 
 async def test_a_staged_job_prepares_beside_shared_jobs_and_times_alone(config):
@@ -443,6 +451,46 @@ async def test_a_staged_job_prepares_beside_shared_jobs_and_times_alone(config):
     assert queue.statistics().kinds["staged_sleep"].jobs == 1
 
 
+async def test_a_staged_job_shares_its_gpu_again_once_it_times_nothing_more(config):
+    async with GpuQueue(shared_gpu(config)) as queue, anyio.create_task_group() as tg:
+        results = {}
+
+        async def run_staged():
+            results["staged"] = await queue.submit(staged_job(0.05, 0.4, 0.8))
+
+        tg.start_soon(run_staged)
+        assert await eventually(lambda: busy_lanes(queue) == 1)
+        await anyio.sleep(0.2)  # it has the GPU alone: the other lane waits
+        runs = Runs(queue, tg)
+        runs.start("b", "sleep", 0.2)
+        runs.start("x", "timed_sleep", 0.1)  # a timing job waits for both to end
+    mine, spans, result = staged(results["staged"]), runs.spans(), results["staged"]
+    assert result.status is JobStatus.OK and mine.asked
+    assert spans["b"].started >= mine.shared - 0.01 and spans["b"].ended <= mine.ended  # b ran in its tail
+    assert spans["x"].started >= mine.ended - 0.01
+    assert result.alone_s == pytest.approx(0.4, abs=0.15)  # the tail is not counted alone
+    assert sum(lane.exclusive_jobs for lane in queue.statistics().lanes) == 2
+
+
+async def test_a_staged_job_shares_again_beside_another_queues_jobs(config):
+    from msgspec.structs import replace
+
+    other = replace(shared_gpu(config), scratch_root=f"{config.scratch_root}-b")
+    async with GpuQueue(other) as q_other, GpuQueue(shared_gpu(config)) as q_mine, anyio.create_task_group() as tg:
+        results = {}
+
+        async def run_staged():
+            results["staged"] = await q_mine.submit(staged_job(0.05, 0.4, 0.8))
+
+        tg.start_soon(run_staged)
+        assert await eventually(lambda: busy_lanes(q_mine) == 1)
+        await anyio.sleep(0.2)
+        theirs = Runs(q_other, tg)
+        theirs.start("b", "sleep", 0.2)
+    mine, spans = staged(results["staged"]), theirs.spans()
+    assert spans["b"].started >= mine.shared - 0.01 and spans["b"].ended <= mine.ended
+
+
 async def test_a_staged_job_that_never_asks_ends_as_a_shared_one(config):
     """A handler that fails before it is ready to time (or never times) never asks."""
     async with GpuQueue(shared_gpu(config)) as queue, anyio.create_task_group() as tg:
@@ -455,11 +503,11 @@ async def test_a_staged_job_that_never_asks_ends_as_a_shared_one(config):
 
 
 def test_a_result_frame_is_never_taken_for_an_ask():
-    from rewards.queue.gpu_queue import _is_ask
-    from rewards.queue.jobs import GpuAloneAsk, JobResult
+    from rewards.queue.gpu_queue import _ask
+    from rewards.queue.jobs import GpuAsk, JobResult
 
-    assert _is_ask(encode(GpuAloneAsk(wants="gpu_alone")))
-    assert not _is_ask(encode(JobResult(job_id="j", status=JobStatus.OK, value=b"gpu_alone")))
+    assert _ask(encode(GpuAsk(wants="gpu_alone"))) == GpuAsk(wants="gpu_alone")
+    assert _ask(encode(JobResult(job_id="j", status=JobStatus.OK, value=b"gpu_alone"))) is None
 
 
 async def test_a_staged_job_asking_goes_before_waiting_shared_jobs(config):
@@ -561,8 +609,10 @@ async def test_the_dispatcher_gives_a_staged_lane_its_gpu_once_the_others_end():
         await anyio.wait_all_tasks_blocked()
         assert granted == [staged_lane]
         await dispatcher.alone(staged_lane)  # it has it already: at once
+        dispatcher.shared(staged_lane)  # it times nothing more: the waiting shared job starts beside it
+        await anyio.wait_all_tasks_blocked()
+        assert len(granted) == 2 and granted[1] is not staged_lane
         dispatcher.release(staged_lane)
-    assert len(granted) == 2 and granted[1] is not staged_lane
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import random
 import shutil
 import statistics
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -47,6 +48,7 @@ from rewards.timing.paired import (
 from rewards.timing.profile import (
     CACHED_NOTE,
     Measure,
+    Measured,
     Prepared,
     Profile,
     ProfileRequest,
@@ -496,15 +498,19 @@ class RecordingPipe:
         return Measure()
 
 
-@pytest.mark.parametrize("fails", ["", "before_ready", "after_ready"])
+@pytest.mark.parametrize("fails", ["", "before_ready", "after_ready", "after_timing"])
 def test_a_staged_child_says_it_is_ready_between_building_and_timing(monkeypatch, fails):
     from rewards.timing import profile_child
 
-    def fake_time_paired(msg, ready):
+    def fake_time_paired(msg, ready, measured):
         if fails == "before_ready":
             return Timed(ok=False, error="no ModelNew")
         ready()
-        return Timed(ok=fails == "", error="raised while timed" if fails else "")
+        if fails == "after_ready":
+            return Timed(ok=False, error="raised while timed")
+        measured()
+        measured()  # said once only
+        return Timed(ok=fails == "", diverged="the last check failed" if fails else "")
 
     monkeypatch.setattr(profile_child, "_time_paired", fake_time_paired)
     load = Load(task_source="", candidate_dir="c", so_path="", device="cuda", init_inputs="[]", init_seed=0, state={},
@@ -515,11 +521,57 @@ def test_a_staged_child_says_it_is_ready_between_building_and_timing(monkeypatch
     answer = profile_child.time_paired(msg, pipe)
     if fails == "before_ready":  # its one answer: what it ends with, as the first (Prepared) frame
         assert pipe.sent == [] and answer == Prepared(failed=Timed(ok=False, error="no ModelNew"))
-    else:
-        assert pipe.sent == [Prepared(), "go"] and isinstance(answer, Timed) and answer.ok == (fails == "")
+    else:  # Measured before the Timed, whether the timing ended or raised
+        assert pipe.sent == [Prepared(), "go", Measured()] and isinstance(answer, Timed)
+        assert answer.ok == (fails == "")
     unstaged = RecordingPipe()
     assert isinstance(profile_child.time_paired(msgspec.structs.replace(msg, staged=False), unstaged), Timed)
     assert unstaged.sent == []
+
+
+FAKE_STAGED_CHILD = """
+import argparse, time
+from rewards.timing.profile import Measured, Prepared, Timed, measure_decoder, time_request_decoder
+from rewards.verify.wire import Pipe
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--read-fd", type=int)
+parser.add_argument("--write-fd", type=int)
+args = parser.parse_args()
+pipe = Pipe(args.read_fd, args.write_fd)
+pipe.receive(time_request_decoder)
+pipe.send(Prepared())
+pipe.receive(measure_decoder)
+pipe.send(Measured())
+time.sleep(0.2)  # its last check, beside other jobs
+pipe.send(Timed(ok=True, error=repr(time.time())))
+"""
+
+
+def test_the_parent_shares_the_gpu_again_once_its_staged_child_says_measured(tmp_path, monkeypatch):
+    from rewards.timing.profile import ProfileChild
+
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "fake_staged_child.py").write_text(FAKE_STAGED_CHILD)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "mods"))
+
+    class FakeChild(ProfileChild):
+        module = "fake_staged_child"
+
+    events: list[tuple[str, float]] = []
+    load = Load(task_source="", candidate_dir="c", so_path="", device="cuda", init_inputs="[]", init_seed=0, state={},
+                transfer_dir="t")
+    msg = TimePaired(load=load, config=TimingConfig(), paired=PairedConfig(), input_seed=1, policy="fp32-ieee",
+                     staged=True)
+    child = FakeChild(tmp_path)
+    child.start()
+    try:
+        timed = child.time(msg, 30.0, gpu_alone=lambda: events.append(("alone", time.time())) or 0.0,
+                           gpu_shared=lambda: events.append(("shared", time.time())))
+    finally:
+        child.close()
+    assert timed.ok and [e for e, _ in events] == ["alone", "shared"]
+    assert events[1][1] < float(timed.error)  # shared before the child's last check ended
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
@@ -533,23 +585,25 @@ def test_a_staged_child_whose_reference_cannot_be_built_never_asks_for_the_gpu(t
 @pytest.mark.gpu
 def test_a_staged_child_asks_for_the_gpu_alone_once_all_three_are_built(tmp_path):
     from rewards.timing.profile import run_profile
-    from rewards.verify.phases import Phases
 
-    asked: list[float] = []
+    asked: list[str] = []
 
     def gpu_alone() -> float:
-        asked.append(1.0)
+        asked.append("alone")
         return 0.25
 
-    outcome = run_profile(_spawned(task_source=TASK), work_dir=workspace(tmp_path), gpu_alone=gpu_alone)
-    assert outcome.ok and asked == [1.0], outcome.message
+    outcome = run_profile(_spawned(task_source=TASK), work_dir=workspace(tmp_path), gpu_alone=gpu_alone,
+                          gpu_shared=lambda: asked.append("shared"))
+    assert outcome.ok and asked[:2] == ["alone", "shared"], outcome.message  # shared once it said Measured
     assert outcome.phases_ms["child.gpu_alone_wait"] == 250.0
     assert outcome.phases_ms["child.reference.compile"] > 0 and outcome.phases_ms["child.build"] > 0
+    assert outcome.phases_ms["child.measure.after_check"] > 0
     broken = tmp_path / "broken"
     (broken / "candidate").mkdir(parents=True)
     (broken / "candidate" / "model_new.py").write_text("raise RuntimeError('no model here')\n")
+    asked.clear()
     failed = run_profile(_spawned(task_source=TASK), work_dir=broken, gpu_alone=gpu_alone)
-    assert not failed.ok and "no model here" in failed.message and asked == [1.0]  # it never asked
+    assert not failed.ok and "no model here" in failed.message and asked == []  # it never asked
 
 
 def test_the_profile_tool_says_when_the_baselines_are_cached():
@@ -781,11 +835,13 @@ def test_measure_paired_times_every_subject_in_rounds_and_reports_why_no_graph(m
     headroom = [50 * GIB, 50 * GIB, 49 * GIB, 49 * GIB] + [GIB // 8] * 100
     watch = HeadroomWatch(GIB // 4, probe_of(headroom))
     timing = paired_timer.measure_paired(calls, lambda i: (i,), config, PairedConfig(),
-                                         check=lambda: seen_at_check.append(len(released)), headroom=watch)
+                                         check=lambda: seen_at_check.append(len(released)), headroom=watch,
+                                         timed=lambda: seen_at_check.append("timed"))
     assert "after round 1:" in timing.starved and timing.baseline_need_bytes == GIB // 4
     assert timing.lowest_headroom_bytes == GIB // 8
-    # between two rounds drawn at random and after the last, before anything of the rounds was released
-    assert seen_at_check == [0] * (PairedConfig().checks_between_rounds + 1)
+    # between two rounds drawn at random and after the last timed call (said by `timed`), before anything
+    # of the rounds was released
+    assert seen_at_check == [0] * PairedConfig().checks_between_rounds + ["timed", 0]
     assert timing.stop == "converged" and len(timing.rounds) == PairedConfig().min_rounds
     assert timing.vs_eager.estimate == pytest.approx(1.3, rel=0.01)
     assert timing.vs_compile.ci_low <= timing.vs_compile.estimate <= timing.vs_compile.ci_high

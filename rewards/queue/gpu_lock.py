@@ -9,7 +9,8 @@ one GPU, a checkpoint watcher beside a training run). Each physical GPU has two 
   for `gpu` exclusive (the shared jobs already in end), opens `gate` and holds `gpu` until it ends;
 - a staged job (one that prepares beside shared jobs, then times) holds shared, and when ready
   (`Hold.alone`) lets go of `gpu` and takes it exclusive as above. It holds nothing while it waits,
-  so staged jobs of several queues never wait for each other.
+  so staged jobs of several queues never wait for each other. Once it times nothing more it goes
+  back to shared (`Hold.shared`) for what is left of it.
 The kernel drops the locks of a process that dies. Waiting is polled (a non-blocking attempt
 every few milliseconds), so a waiter that is cancelled holds nothing afterwards.
 
@@ -24,6 +25,7 @@ Example:
         ...  # beside other shared jobs
         await hold.alone()  # (`let_go` first, to hold nothing while other waits come before it)
         ...  # GPU 3 alone
+        await hold.shared()  # timing done: beside other shared jobs again until the block ends
 """
 
 from __future__ import annotations
@@ -59,45 +61,47 @@ class GpuLocks:
     async def hold(self, device: str, *, exclusive: bool) -> AsyncIterator[Hold]:
         """`device` to yourself (`exclusive`), or beside other shared holders, until the block ends."""
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", device) or "_"
-        gpu = self._open(f"{name}.gpu")
+        hold = Hold(self.directory / name, exclusive, self.poll_s)
         try:
-            hold = Hold(self, name, gpu, exclusive)
             await hold.enter(fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
             yield hold
         finally:
-            os.close(gpu)
+            os.close(hold.gpu)
 
-    def _open(self, name: str) -> int:
-        return os.open(self.directory / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
 
-    async def _lock(self, fd: int, how: int) -> None:
-        while True:
-            try:
-                fcntl.flock(fd, how | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                await anyio.sleep(self.poll_s)
+def _open(path: Path) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+
+
+async def _flock(fd: int, how: int, poll_s: float) -> None:
+    """`flock(fd, how)`, polled without blocking: a cancelled waiter holds nothing afterwards."""
+    while True:
+        try:
+            fcntl.flock(fd, how | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            await anyio.sleep(poll_s)
 
 
 class Hold:
-    """One holder's lock on one GPU (`GpuLocks.hold`)."""
+    """One holder's lock on one GPU (`GpuLocks.hold`): `path`.gpu, entered through `path`.gate."""
 
-    def __init__(self, locks: GpuLocks, name: str, gpu_fd: int, exclusive: bool) -> None:
-        self._locks, self._name, self._gpu = locks, name, gpu_fd
-        self.exclusive = exclusive
+    def __init__(self, path: Path, exclusive: bool, poll_s: float) -> None:
+        self.path, self.exclusive, self.poll_s = path, exclusive, poll_s
+        self.gpu = _open(path.with_name(path.name + ".gpu"))
 
     async def enter(self, how: int) -> None:
-        gate = self._locks._open(f"{self._name}.gate")
+        gate = _open(self.path.with_name(self.path.name + ".gate"))
         try:
-            await self._locks._lock(gate, how)
-            await self._locks._lock(self._gpu, how)
+            await _flock(gate, how, self.poll_s)
+            await _flock(self.gpu, how, self.poll_s)
         finally:
             os.close(gate)  # closing drops its lock: the gate opens
 
     def let_go(self) -> None:
         """A shared hold holds nothing from now until `alone`."""
         if not self.exclusive:
-            fcntl.flock(self._gpu, fcntl.LOCK_UN)
+            fcntl.flock(self.gpu, fcntl.LOCK_UN)
 
     async def alone(self) -> None:
         """From shared to exclusive: lets go, then waits like an exclusive job (at once if it is)."""
@@ -106,6 +110,15 @@ class Hold:
         self.let_go()
         await self.enter(fcntl.LOCK_EX)
         self.exclusive = True
+
+    async def shared(self) -> None:
+        """From exclusive back to shared (the holder times nothing more): other shared jobs may enter
+        beside it, exclusive ones still wait for it to end. flock converts by letting go and locking
+        again, so an exclusive waiter polling at that moment may come first: then this waits for it."""
+        if not self.exclusive:
+            return
+        await _flock(self.gpu, fcntl.LOCK_SH, self.poll_s)
+        self.exclusive = False
 
 
 __all__ = ["ENV", "GpuLocks", "Hold", "default_directory"]

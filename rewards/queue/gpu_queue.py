@@ -7,7 +7,8 @@ started in its own session with CUDA_VISIBLE_DEVICES pinned, optionally inside b
 runs the job under a watchdog and returns a `JobResult`. Jobs that time something (every kind
 not in `config.shared_kinds`) have their GPU to themselves; verification jobs share it, one per
 lane; a staged kind (`config.staged_kinds`) starts beside them and has its GPU alone from when its
-handler asks (`JobContext.gpu_alone`), the wait not counted in its deadline. A worker that timed
+handler asks (`JobContext.gpu_alone`), the wait not counted in its deadline, until it ends or
+shares it again (`JobContext.gpu_shared`: it times nothing more). A worker that timed
 out, crashed or poisoned its CUDA context is killed with its whole process group and replaced in
 the background; the result goes back at once, and the GPU counts the job as running until the
 killed worker is reaped.
@@ -45,7 +46,7 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Self
+from typing import NamedTuple, Self
 
 import anyio
 import anyio.abc
@@ -54,7 +55,8 @@ import msgspec
 from rewards.queue.config import SECRET_PATHS, GpuQueueConfig
 from rewards.queue.gpu_lock import GpuLocks, default_directory
 from rewards.queue.jobs import (
-    GpuAloneGiven,
+    GpuAsk,
+    GpuGiven,
     Job,
     JobResult,
     JobStatus,
@@ -180,12 +182,18 @@ class GpuQueue:
                     await hold.alone()
                 lane.alone()
 
+            async def gpu_shared() -> None:
+                lane.shared()
+                if hold is not None:  # shared on the machine first, then this queue's jobs may start
+                    await hold.shared()
+                self._dispatcher.shared(lane)
+
             worker = lane.worker
             lane.begin()
             result, reusable, waited_s, alone_s = None, False, 0.0, 0.0
             try:
                 result, reusable, waited_s = await self._run(msgspec.structs.replace(job, staged=staged), worker,
-                                                             gpu_alone if staged else None)
+                                                             _Staging(gpu_alone, gpu_shared) if staged else None)
             finally:
                 alone_s = lane.end(result.status if result else None, exclusive=exclusive)
                 if reusable and not worker.exited:
@@ -233,9 +241,10 @@ class GpuQueue:
         return gpu
 
     async def _run(self, job: Job, worker: WorkerProcess,
-                   gpu_alone: Callable[[], Awaitable[None]] | None = None) -> tuple[JobResult, bool, float]:
+                   staging: _Staging | None = None) -> tuple[JobResult, bool, float]:
         """The result, whether the worker may take the next job, and the seconds a staged job
-        waited for its GPU alone (`gpu_alone`, when its handler asked; not counted in its deadline)."""
+        waited for its GPU alone (`staging.alone`, when its handler asked; not counted in its
+        deadline). A staged job's asks are answered as they come, until its result."""
         deadline_s = job.deadline_s if job.deadline_s is not None else self.config.job_default_deadline_s
         job = msgspec.structs.replace(job, deadline_s=deadline_s)  # handlers may budget by it
         del worker.tail[:]  # the stderr tail of a failure should be this job's
@@ -246,14 +255,17 @@ class GpuQueue:
             except BROKEN:
                 pass  # it died: receive() sees the end of file
             message = await worker.receive()
-            if gpu_alone is not None and message is not None and _is_ask(message):
-                asked, deadline = time.monotonic(), watchdog.deadline
-                watchdog.deadline = math.inf
-                await gpu_alone()
-                waited_s = time.monotonic() - asked
-                watchdog.deadline = deadline + waited_s
+            while staging is not None and message is not None and (ask := _ask(message)) is not None:
+                asked = time.monotonic()
+                if ask.wants == "gpu_alone":
+                    deadline, watchdog.deadline = watchdog.deadline, math.inf
+                    await staging.alone()
+                    watchdog.deadline = deadline + (time.monotonic() - asked)
+                    waited_s += time.monotonic() - asked
+                else:
+                    await staging.shared()
                 try:
-                    await worker.send(encode(GpuAloneGiven(waited_s=waited_s)))
+                    await worker.send(encode(GpuGiven(waited_s=time.monotonic() - asked)))
                 except BROKEN:
                     pass
                 message = await worker.receive()
@@ -363,13 +375,19 @@ def _scratch_name(gpu: int, slot: int) -> str:
     return f"gpu{gpu}" if slot == 0 else f"gpu{gpu}-{slot}"
 
 
-def _is_ask(message: bytes) -> bool:
-    """A staged job's `GpuAloneAsk` (a result frame lacks its `wants`)."""
+class _Staging(NamedTuple):
+    """A staged job's two moves on its lane and its GPU's machine lock (`GpuQueue.submit`)."""
+
+    alone: Callable[[], Awaitable[None]]
+    shared: Callable[[], Awaitable[None]]
+
+
+def _ask(message: bytes) -> GpuAsk | None:
+    """A staged job's `GpuAsk`, or None (a result frame lacks its `wants`)."""
     try:
-        ask_decoder.decode(message)
+        return ask_decoder.decode(message)
     except msgspec.DecodeError:
-        return False
-    return True
+        return None
 
 
 def _decode_result(job: Job, message: bytes | None) -> JobResult | None:

@@ -56,17 +56,18 @@ class Job(Struct, frozen=True, kw_only=True):
     staged: bool = False  # set by the queue: the job starts beside others and asks for its GPU alone (JobContext.gpu_alone)
 
 
-class GpuAloneAsk(Struct, frozen=True, kw_only=True):
-    """A staged job's frame to the queue, mid-job: it is ready to time and wants its GPU alone.
-    `wants` has no default: a `JobResult` frame never decodes as one."""
+class GpuAsk(Struct, frozen=True, kw_only=True):
+    """A staged job's frame to the queue, mid-job: "gpu_alone", it is ready to time and wants its
+    GPU alone; "gpu_shared", it times nothing more and its GPU may be shared again. `wants` has no
+    default: a `JobResult` frame never decodes as one."""
 
-    wants: Literal["gpu_alone"]
+    wants: Literal["gpu_alone", "gpu_shared"]
 
 
-class GpuAloneGiven(Struct, frozen=True, kw_only=True):
-    """The queue's answer: the GPU is this job's alone until it ends."""
+class GpuGiven(Struct, frozen=True, kw_only=True):
+    """The queue's answer: the GPU is now as the job asked (alone until it ends, or asks again)."""
 
-    waited_s: float  # from the ask until now, not counted in the job's deadline
+    waited_s: float  # from the ask until now; for "gpu_alone", not counted in the job's deadline
 
 
 class JobStatus(enum.Enum):
@@ -113,6 +114,9 @@ class JobContext(Struct, frozen=True, kw_only=True):
     gpu_alone: Callable[[], float] | None = None
     """A staged job's way to its GPU alone: blocks until the queue gives it, returns the seconds
     waited. None: the job has its GPU as its kind says from the start."""
+    gpu_shared: Callable[[], None] | None = None
+    """A staged job's way back to sharing once it times nothing more (what is left of it, such as
+    checks and clean-up, runs beside other jobs); nothing if it never had the GPU alone."""
 
 
 class LaneStatistics(Struct, frozen=True, kw_only=True):
@@ -173,8 +177,8 @@ _encoder = msgspec.msgpack.Encoder()
 job_decoder = msgspec.msgpack.Decoder(Job)
 result_decoder = msgspec.msgpack.Decoder(JobResult)
 ready_decoder = msgspec.msgpack.Decoder(WorkerReady)
-ask_decoder = msgspec.msgpack.Decoder(GpuAloneAsk)
-given_decoder = msgspec.msgpack.Decoder(GpuAloneGiven)
+ask_decoder = msgspec.msgpack.Decoder(GpuAsk)
+given_decoder = msgspec.msgpack.Decoder(GpuGiven)
 
 
 def encode(obj: Any) -> bytes:

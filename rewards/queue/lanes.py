@@ -107,6 +107,7 @@ class Lane:
         self.worker: WorkerProcess | None = None
         self.held_since: float | None = None
         self.alone_since: float | None = None  # a staged job's GPU alone (`Dispatcher.alone`) from then
+        self.alone_s = 0.0  # the job's time alone before it went back to sharing (`shared`)
         self.busy_s = 0.0
         self.exclusive_busy_s = 0.0  # of busy_s, jobs that had the GPU to themselves
         self.lock_wait_s = 0.0  # held by a submitter that waits for the machine-wide lock of the GPU
@@ -120,11 +121,17 @@ class Lane:
 
     def begin(self) -> None:
         self.held_since = time.monotonic()
-        self.alone_since = None
+        self.alone_since, self.alone_s = None, 0.0
 
     def alone(self) -> None:
         """The staged job holding this lane has its GPU alone from now on."""
         self.alone_since = time.monotonic()
+
+    def shared(self) -> None:
+        """The staged job holding this lane shares its GPU again from now on."""
+        if self.alone_since is not None:
+            self.alone_s += time.monotonic() - self.alone_since
+            self.alone_since = None
 
     def locked(self, waited_s: float) -> None:
         """The submitter holding this lane waited `waited_s` for the GPU's machine-wide lock
@@ -133,13 +140,14 @@ class Lane:
 
     def end(self, status: JobStatus | None, *, exclusive: bool = False) -> float:
         """The job is over; returns the seconds it had its GPU alone (all of it if `exclusive`,
-        from `alone()` on for a staged job, else 0)."""
+        from `alone()` to `shared()` or its end for a staged job, else 0)."""
         now = time.monotonic()
         held_s = now - self.held_since
-        alone_s = held_s if exclusive else (now - self.alone_since if self.alone_since is not None else 0.0)
+        self.shared()
+        alone_s = held_s if exclusive else self.alone_s
         self.busy_s += held_s
         self.exclusive_busy_s += alone_s
-        self.held_since = self.alone_since = None
+        self.held_since, self.alone_s = None, 0.0
         if status is not None:
             self.jobs_done += 1
             self.exclusive_jobs += alone_s > 0
@@ -194,7 +202,8 @@ class Dispatcher:
     A staged job (a timing job that builds what it times beside verification jobs) takes its lane
     shared and calls `alone(lane)` once it is ready to time: its lane stops counting as running,
     it goes ahead of every waiter, reserves its GPU and gets it alone once the GPU's other jobs
-    end. Parked so, two staged jobs of one GPU never wait for each other.
+    end. Parked so, two staged jobs of one GPU never wait for each other. Once it times nothing
+    more, `shared(lane)` lets the GPU's other jobs start beside the rest of it.
 
     This is the queue's named limiter for GPUs: a `CapacityLimiter("gpus")` could count free lanes
     but not hand out a particular one, so a pinned job (baselines run on every GPU) would sit on a
@@ -257,6 +266,13 @@ class Dispatcher:
             raise
         if waiter.lane is None:
             raise QueueClosed("the GPU queue shut down while the job waited for its GPU")
+
+    def shared(self, lane: Lane) -> None:
+        """`lane`'s staged job, which had its GPU alone, times nothing more: other jobs may start on
+        its GPU beside what is left of it (at once, and nothing if it was not alone)."""
+        if self._holders.get(lane):
+            self._holders[lane] = False
+            self._match()
 
     def release(self, lane: Lane) -> None:
         """`lane`'s worker may take a job: its job is done and the worker healthy, or the worker

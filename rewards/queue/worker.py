@@ -18,8 +18,9 @@ CUDA errors: a handler exception naming a sticky CUDA error (illegal address, la
 misaligned address, device-side assert, ...) is reported as `cuda_poisoned`; in process mode the
 worker then exits (code 3) so the queue starts a fresh one, since the context stays broken.
 
-A staged job (`Job.staged`, process mode) gets `JobContext.gpu_alone`: it writes `GpuAloneAsk` on
-the channel and blocks until the queue's `GpuAloneGiven` comes back, the GPU then the job's alone.
+A staged job (`Job.staged`, process mode) gets `JobContext.gpu_alone` and `gpu_shared`: each
+writes a `GpuAsk` on the channel and blocks until the queue's `GpuGiven` comes back, the GPU then
+the job's alone, or shared again once it times nothing more.
 
 What it is not: no watchdog (the queue kills the whole process group at a job's deadline) and no
 sandbox of its own (the queue wraps it in bubblewrap; `--reap-strays` only cleans up inside it).
@@ -42,7 +43,7 @@ import stat
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from typing import Literal
 
 import msgspec
 
@@ -50,8 +51,8 @@ from rewards.queue.jobs import (
     HANDLERS,
     HEADER,
     MAX_FRAME_BYTES,
+    GpuAsk,
     Handler,
-    GpuAloneAsk,
     Job,
     JobContext,
     JobResult,
@@ -303,6 +304,33 @@ def _reap_strays() -> None:
                 pass
 
 
+class _GpuAsks:
+    """A staged job's `JobContext.gpu_alone` and `gpu_shared`, asked over the worker's channel:
+    alone once (later calls return 0 at once), shared only after alone and only once."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.state: Literal["shared", "alone", "done"] = "shared"
+
+    def alone(self) -> float:
+        if self.state != "shared":
+            return 0.0
+        self.state = "alone"
+        return self._ask("gpu_alone")
+
+    def shared(self) -> None:
+        if self.state == "alone":
+            self.state = "done"
+            self._ask("gpu_shared")
+
+    def _ask(self, wants: Literal["gpu_alone", "gpu_shared"]) -> float:
+        self.channel.write(encode(GpuAsk(wants=wants)))
+        message = self.channel.read()
+        if message is None:
+            raise SystemExit("the queue went away while the job waited for its GPU")
+        return given_decoder.decode(message).waited_s
+
+
 class Worker:
     """Runs jobs one after another in one lane's scratch dir."""
 
@@ -314,8 +342,9 @@ class Worker:
     def run(self, job: Job) -> JobResult:
         scratch = self.args.scratch
         staged = job.staged and not self.args.fork_per_job  # a forked child has no channel
+        asks = _GpuAsks(self.channel) if staged else None
         ctx = JobContext(job_id=job.job_id, gpu=self.args.gpu, scratch_dir=scratch, deadline_s=job.deadline_s,
-                         gpu_alone=self._gpu_alone() if staged else None)
+                         gpu_alone=asks.alone if asks else None, gpu_shared=asks.shared if asks else None)
         try:
             _reset_dir(scratch)
             os.chdir(scratch)
@@ -329,23 +358,6 @@ class Worker:
             return run_inline(job, handler, ctx)
         finally:
             self._clean_up()
-
-    def _gpu_alone(self) -> Callable[[], float]:
-        """The staged job's `JobContext.gpu_alone`: asks once; later calls return 0 at once."""
-        asked = False
-
-        def gpu_alone() -> float:
-            nonlocal asked
-            if asked:
-                return 0.0
-            asked = True
-            self.channel.write(encode(GpuAloneAsk(wants="gpu_alone")))
-            message = self.channel.read()
-            if message is None:
-                raise SystemExit("the queue went away while the job waited for its GPU")
-            return given_decoder.decode(message).waited_s
-
-        return gpu_alone
 
     def _clean_up(self) -> None:
         if self.args.reap_strays:

@@ -109,17 +109,19 @@ def measure_paired(
     paired: PairedConfig,
     check: Callable[[], None] | None = None,
     headroom: HeadroomWatch | None = None,
+    timed: Callable[[], None] | None = None,
 ) -> PairedTiming:
     """Time a candidate and its baselines together (`rewards.timing.paired`): one input pool and one
     flush buffer for all, each subject warmed up in turn (the first for TimingConfig's warm-up,
     which brings the SM clock up for all, the rest briefly: `subject_warmup_s`), one method for all
     (`_paired_method`), rotated rounds until `paired`'s stopping rule, then the informational
     CUDA-graph time of launch-bound subjects. `check` runs after `paired.checks_between_rounds`
-    rounds drawn at random (untimed) and once right after the last round, while the input pool
-    and the flush buffer exist as they do for the timed calls. `headroom` (made before the
-    candidate was built) samples the memory left to the baselines after the warm-ups, after every
-    round and after the last: a starved run says so (`PairedTiming.starved`). Call under
-    torch.no_grad(); a subject that raises propagates."""
+    rounds drawn at random (untimed) and once after the last timed call (the rounds, the graph
+    times), while the input pool and the flush buffer exist as they do for the timed calls.
+    `timed` is called once, right after the last timed call (what follows may share the GPU).
+    `headroom` (made before the candidate was built) samples the memory left to the baselines
+    after the warm-ups, after every round and after the last: a starved run says so
+    (`PairedTiming.starved`). Call under torch.no_grad(); a subject that raises propagates."""
     import cupy
 
     start = 0 if headroom is None else headroom.probe()
@@ -150,15 +152,18 @@ def measure_paired(
 
         run = run_rounds(subjects, paired, between=between)
         after = gpu.clocks()
-        if check is not None:
-            check()
         measurements = []
         for i, timer in enumerate(timers):
             own = Run(run.device_ms[i], run.host_ms[i], run.stop, run.seconds[i], run.launch_ms[i])
             measurements.append(timer.summary(own, flush_ms=flush_ms, before=before, after=after))
-            timer.release()
-        if paired.graph_info:
+        if paired.graph_info:  # event-mode subjects only, which hold no graph of their own
             measurements = [_graph_info(gpu, c, t, m, paired) for c, t, m in zip(calls, timers, measurements)]
+        if timed is not None:
+            timed()
+        if check is not None:
+            check()
+        for timer in timers:
+            timer.release()
     vs_eager, vs_compile = paired_speedups(run.rounds, paired.confidence)
     return PairedTiming(
         rounds=tuple(run.rounds),

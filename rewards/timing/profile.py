@@ -19,6 +19,10 @@ What it is: `run_profile(request, work_dir=)` in one of two ways.
   nothing and so shares its GPU (`reference_artifacts`); a paired job without them records them.
 The child gets the same `Load` message the verification child gets (the reference's state_dict
 as a blob file, the init seed), plus the timing config; it answers one `Timed` message and exits.
+A staged job (the queue's `staged_kinds`) talks more: the child says `Prepared` once all three are
+built, the job asks the queue for its GPU alone and says `Measure`, the child says `Measured` once
+it times nothing more, the job gives the GPU back to sharing, and the `Timed` follows after the
+child's last check of the candidate's output.
 
 What it is not: no correctness check (`rewards.verify.verifier`) and no reward (`rewards.reward`). The
 candidate's time is measured inside the candidate's own process (CUDA events around its forward,
@@ -133,7 +137,8 @@ class Profile(Struct, frozen=True, kw_only=True):
     job_wall_s: float = 0.0
     """Seconds the job held its lane, less a staged job's wait for its GPU alone."""
     job_alone_s: float = 0.0
-    """Of `job_wall_s`, the seconds it had its GPU alone (a staged job: from its ask on)."""
+    """Of `job_wall_s`, the seconds it had its GPU alone (a staged job: from its ask until its child
+    said `Measured`)."""
     diverged: str = ""
     """Paired timing: after the timed calls the candidate's forward no longer matched the reference
     (what it computed while timed is not what was verified): why. Scored as output_caching."""
@@ -167,7 +172,7 @@ class TimePaired(Struct, frozen=True, kw_only=True, tag="paired"):
     policy: str
     compile_cache_path: str = ""  # Inductor artifacts to load before compiling, "" for none
     candidate: Literal["model_new", "reference"] = "model_new"
-    staged: bool = False  # answer `Prepared` once all three are built, then wait for `Measure`
+    staged: bool = False  # answer `Prepared` once all three are built, wait for `Measure`, say `Measured`
 
 
 class Timed(Struct, frozen=True, kw_only=True):
@@ -191,10 +196,16 @@ class Measure(Struct, frozen=True, kw_only=True):
     """The parent's go: the GPU is the job's alone."""
 
 
+class Measured(Struct, frozen=True, kw_only=True):
+    """A staged child's word after `Measure`: it times nothing more (what is left, the last check
+    of the candidate's output, may run beside other jobs); its `Timed` follows."""
+
+
 time_request_decoder = msgspec.msgpack.Decoder(TimeCandidate | TimePaired)
 timed_decoder = msgspec.msgpack.Decoder(Timed)
 prepared_decoder = msgspec.msgpack.Decoder(Prepared)
 measure_decoder = msgspec.msgpack.Decoder(Measure)
+measured_decoder = msgspec.msgpack.Decoder(Measured)
 
 
 class ProfileChild(CandidateProcess):
@@ -203,10 +214,10 @@ class ProfileChild(CandidateProcess):
     module = "rewards.timing.profile_child"
 
     def time(self, message: TimeCandidate | TimePaired, timeout_s: float,
-             gpu_alone: Callable[[], float] | None = None) -> Timed:
+             gpu_alone: Callable[[], float] | None = None, gpu_shared: Callable[[], None] | None = None) -> Timed:
         """The child's `Timed`. With `gpu_alone` (a staged message, `TimePaired.staged`): once the
         child has built what it times, `gpu_alone()` (its wait is not counted in `timeout_s`),
-        then the go."""
+        then the go; once it says `Measured`, `gpu_shared()` (when given) while it finishes."""
         self.pipe.send(message)
         if gpu_alone is None:
             return self.pipe.receive(timed_decoder, timeout_s)
@@ -217,6 +228,11 @@ class ProfileChild(CandidateProcess):
         spent = time.monotonic() - began
         gpu_alone()
         self.pipe.send(Measure())
+        began = time.monotonic()
+        self.pipe.receive(measured_decoder, max(timeout_s - spent, 1.0))
+        spent += time.monotonic() - began
+        if gpu_shared is not None:
+            gpu_shared()
         return self.pipe.receive(timed_decoder, max(timeout_s - spent, 1.0))
 
 
@@ -303,10 +319,12 @@ ChildMessage = Callable[[Load, Path], TimeCandidate | TimePaired]
 
 
 def _in_child(request: ProfileRequest, work_dir: Path, phases: Phases | None, message: ChildMessage,
-              gpu_alone: Callable[[], float] | None = None) -> Timed:
+              gpu_alone: Callable[[], float] | None = None, gpu_shared: Callable[[], None] | None = None) -> Timed:
     """Send a fresh child `message(load, transfer_dir)`; its failures (crash, timeout, exception)
     are values. `phases` gets "state", "spawn", "child" (and the child's own "child.*"; a staged
-    child's "child.gpu_alone_wait", the wait for the GPU alone, inside "child") and "close"."""
+    child's "child.gpu_alone_wait", the wait for the GPU alone, inside "child") and "close".
+    `gpu_shared` (a staged job's) is called once nothing more is timed: when a staged child says
+    so, else before the child is closed."""
     phases = phases if phases is not None else Phases()
     transfer = work_dir / f"xfer-{uuid.uuid4().hex[:12]}"
     transfer.mkdir(parents=True)
@@ -318,7 +336,7 @@ def _in_child(request: ProfileRequest, work_dir: Path, phases: Phases | None, me
         with phases.phase("spawn"):
             child.start()
         with phases.phase("child"):
-            timed = child.time(sent, c.load_timeout_s + c.time_timeout_s, _recorded(gpu_alone, phases))
+            timed = child.time(sent, c.load_timeout_s + c.time_timeout_s, _recorded(gpu_alone, phases), gpu_shared)
         phases.merge(timed.phases_ms)
         return timed
     except TimeoutError:
@@ -326,6 +344,8 @@ def _in_child(request: ProfileRequest, work_dir: Path, phases: Phases | None, me
     except ChildGone:
         return Timed(ok=False, error=child.describe_death())
     finally:
+        if gpu_shared is not None:  # the child's exit and the clean-up time nothing
+            gpu_shared()
         with phases.phase("close"):
             child.close()
             shutil.rmtree(transfer, ignore_errors=True)
@@ -345,16 +365,19 @@ def _recorded(gpu_alone: Callable[[], float] | None, phases: Phases) -> Callable
 
 
 def time_candidate(request: ProfileRequest, config: TimingConfig, work_dir: Path,
-                   phases: Phases | None = None) -> Timed:
-    """Time the candidate alone in a fresh child with `config`."""
+                   phases: Phases | None = None, gpu_shared: Callable[[], None] | None = None) -> Timed:
+    """Time the candidate alone in a fresh child with `config` (`gpu_shared`: `_in_child`)."""
     return _in_child(request, work_dir, phases, lambda load, _: TimeCandidate(
-        load=load, config=config, input_seed=request.config.input_seed, candidate=request.candidate))
+        load=load, config=config, input_seed=request.config.input_seed, candidate=request.candidate),
+        gpu_shared=gpu_shared)
 
 
 def time_paired(request: ProfileRequest, work_dir: Path, phases: Phases | None = None,
-                compile_cache: bytes = b"", gpu_alone: Callable[[], float] | None = None) -> Timed:
+                compile_cache: bytes = b"", gpu_alone: Callable[[], float] | None = None,
+                gpu_shared: Callable[[], None] | None = None) -> Timed:
     """Time candidate, eager and torch.compile together in a fresh child (module docstring); with
-    `gpu_alone` (a staged job's), the child builds all three first, then asks through it."""
+    `gpu_alone` (a staged job's), the child builds all three first, then asks through it, and
+    `gpu_shared` gives the GPU back to sharing once the child says it times nothing more."""
     c = request.config
 
     def message(load: Load, transfer: Path) -> TimePaired:
@@ -365,15 +388,17 @@ def time_paired(request: ProfileRequest, work_dir: Path, phases: Phases | None =
         return TimePaired(load=load, config=c.timing, paired=c.paired, input_seed=c.input_seed, policy=c.policy,
                           compile_cache_path=path, candidate=request.candidate, staged=gpu_alone is not None)
 
-    return _in_child(request, work_dir, phases, message, gpu_alone)
+    return _in_child(request, work_dir, phases, message, gpu_alone, gpu_shared)
 
 
-def run_profile(request: ProfileRequest, *, work_dir: Path, gpu_alone: Callable[[], float] | None = None) -> Profile:
+def run_profile(request: ProfileRequest, *, work_dir: Path, gpu_alone: Callable[[], float] | None = None,
+                gpu_shared: Callable[[], None] | None = None) -> Profile:
     """Baselines here and the candidate in a child, or all three paired in a child (module
     docstring). `gpu_alone`: the job started beside verification jobs (a staged job); the paired
-    way asks once all three are built, the other at once (its baselines may be timed here)."""
+    way asks once all three are built, the other at once (its baselines may be timed here).
+    `gpu_shared`: the staged job's way back to sharing once nothing more is timed."""
     if request.paired:
-        return _run_paired(request, Path(work_dir), gpu_alone)
+        return _run_paired(request, Path(work_dir), gpu_alone, gpu_shared)
     if gpu_alone is not None:
         gpu_alone()
     phases = Phases()
@@ -382,7 +407,8 @@ def run_profile(request: ProfileRequest, *, work_dir: Path, gpu_alone: Callable[
     with phases.phase("baselines"):  # a key check when the orchestrator sent them, else measured
         baselines, artifacts = _baselines(request)
     cached = baselines.cached or baselines is request.baselines
-    timed = time_candidate(request, candidate_config(baselines, request.config.timing), Path(work_dir), phases)
+    timed = time_candidate(request, candidate_config(baselines, request.config.timing), Path(work_dir), phases,
+                           gpu_shared)
     eager, compiled = baselines.eager.measurement.timing, baselines.compiled.measurement.timing
     common = dict(eager=eager, compiled=compiled, baselines=baselines, baselines_cached=cached,
                   compile_cache=artifacts, reference_candidate=request.candidate == "reference")
@@ -392,13 +418,14 @@ def run_profile(request: ProfileRequest, *, work_dir: Path, gpu_alone: Callable[
     return Profile(ok=True, candidate=timed.measurement.timing, phases_ms=phases.as_dict(), **common)
 
 
-def _run_paired(request: ProfileRequest, work_dir: Path, gpu_alone: Callable[[], float] | None) -> Profile:
+def _run_paired(request: ProfileRequest, work_dir: Path, gpu_alone: Callable[[], float] | None,
+                gpu_shared: Callable[[], None] | None = None) -> Profile:
     phases = Phases()
     artifacts, recorded = request.compile_cache, b""
     if not artifacts and request.config.compile_cache:
         with phases.phase("compile_cache"):  # once per task and env: later requests bring it
             artifacts = recorded = compile_reference(request)
-    timed = time_paired(request, work_dir, phases, artifacts, gpu_alone)
+    timed = time_paired(request, work_dir, phases, artifacts, gpu_alone, gpu_shared)
     if timed.harness_error:
         raise ProfileInfrastructureError(f"the reference could not be built or compiled:\n{timed.error}")
     common = dict(compile_cache=recorded, reference_candidate=request.candidate == "reference")
@@ -415,7 +442,8 @@ def _run_paired(request: ProfileRequest, work_dir: Path, gpu_alone: Callable[[],
 
 def profile(payload: bytes, ctx: JobContext) -> bytes:
     """GPU-queue handler: ProfileRequest (msgpack) in, Profile (msgpack) out."""
-    return encode(run_profile(decode(payload, ProfileRequest), work_dir=Path(ctx.scratch_dir), gpu_alone=ctx.gpu_alone))
+    return encode(run_profile(decode(payload, ProfileRequest), work_dir=Path(ctx.scratch_dir), gpu_alone=ctx.gpu_alone,
+                              gpu_shared=ctx.gpu_shared))
 
 
 def reference_compile(payload: bytes, ctx: JobContext) -> bytes:

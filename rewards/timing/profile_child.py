@@ -44,6 +44,7 @@ from rewards.timing import baselines, headroom
 from rewards.timing.baselines import measure_model
 from rewards.timing.paired_timer import PairedCall, measure_paired
 from rewards.timing.profile import (
+    Measured,
     Prepared,
     TimeCandidate,
     Timed,
@@ -142,22 +143,31 @@ def _compile_seconds() -> dict[str, float]:
 
 def time_paired(msg: TimePaired, pipe: Pipe | None = None) -> Timed | Prepared:
     """The three built, then timed together. A staged message: `Prepared` on `pipe` between the
-    two, and the timing only once the parent's `Measure` comes (the GPU is then the job's alone);
-    a staged child that fails before it is ready answers `Prepared(failed=...)` instead."""
+    two, the timing only once the parent's `Measure` comes (the GPU is then the job's alone), and
+    `Measured` once nothing more is timed (sent before the `Timed` whatever happened after the
+    `Measure`); a staged child that fails before it is ready answers `Prepared(failed=...)` instead."""
     if not msg.staged or pipe is None:
-        return _time_paired(msg, lambda: None)
-    sent: list[bool] = []
+        return _time_paired(msg, lambda: None, lambda: None)
+    said: set[str] = set()
 
     def ready() -> None:
         pipe.send(Prepared())
-        sent.append(True)
+        said.add("prepared")
         pipe.receive(measure_decoder)
 
-    timed = _time_paired(msg, ready)
-    return timed if sent else Prepared(failed=timed)
+    def measured() -> None:
+        if "measured" not in said:
+            pipe.send(Measured())
+            said.add("measured")
+
+    timed = _time_paired(msg, ready, measured)
+    if "prepared" not in said:
+        return Prepared(failed=timed)
+    measured()
+    return timed
 
 
-def _time_paired(msg: TimePaired, ready: Callable[[], None]) -> Timed:
+def _time_paired(msg: TimePaired, ready: Callable[[], None], measured: Callable[[], None]) -> Timed:
     phases = Phases()
     phases.merge(_STARTUP_MS, prefix="")
     probes.pin_precision()  # the numerics the candidate was verified under, the baselines' too
@@ -179,7 +189,7 @@ def _time_paired(msg: TimePaired, ready: Callable[[], None]) -> Timed:
             paired = measure_paired([PairedCall("candidate", "", candidate), *calls], make_inputs, msg.config,
                                     msg.paired, check=lambda: checks.append(
                                         checked_after_timing(candidate, calls[0], make_inputs, phases)),
-                                    headroom=watch)
+                                    headroom=watch, timed=measured)
     except BaseException as exc:  # noqa: BLE001 - a candidate that fails here is a result
         return Timed(ok=False, error=describe_exception(exc), phases_ms=phases.as_dict())
     if diverged := next((why for why in checks if why), ""):
