@@ -260,12 +260,13 @@ class GpuQueue:
                 if ask.wants == "gpu_alone":
                     deadline, watchdog.deadline = watchdog.deadline, math.inf
                     await staging.alone()
-                    watchdog.deadline = deadline + (time.monotonic() - asked)
-                    waited_s += time.monotonic() - asked
+                    waited = time.monotonic() - asked
+                    watchdog.deadline, waited_s = deadline + waited, waited_s + waited
                 else:
                     await staging.shared()
+                    waited = time.monotonic() - asked
                 try:
-                    await worker.send(encode(GpuGiven(waited_s=time.monotonic() - asked)))
+                    await worker.send(encode(GpuGiven(waited_s=waited)))
                 except BROKEN:
                     pass
                 message = await worker.receive()
