@@ -220,16 +220,19 @@ class Synth:
 
     async def _consume(self, lane: Lane) -> None:
         while (index := await self._claim()) is not None:
-            accepted = False
+            written, accepted = False, False
             try:
                 accepted = await self._process(index, lane)
+                written = True
             finally:
-                async with self._changed:
-                    self.in_flight -= 1
-                    self.processed += 1
-                    self.accepted += accepted
-                    self.total_accepted += accepted
-                    self._changed.notify_all()
+                # Shielded: a cancel landing on the lock would drop the count of a row already written.
+                with anyio.CancelScope(shield=True):
+                    async with self._changed:
+                        self.in_flight -= 1
+                        self.processed += written
+                        self.accepted += accepted
+                        self.total_accepted += accepted
+                        self._changed.notify_all()
 
     # -- one candidate --------------------------------------------------------------------------
 
