@@ -650,3 +650,15 @@ def test_a_sandboxed_lane_sends_weights_past_its_file_size_limit(tmp_path):
 
     result = anyio.run(submit)
     assert verdict_from_job(result.status, result.value, result.error).ok, result.error[-2000:]
+
+
+def test_a_cuda_error_after_forward_is_named_as_the_candidates_with_a_launch_hint():
+    from rewards.verify.candidate import LAUNCH_HINT, describe_late_cuda_error, is_cuda_error
+
+    late = RuntimeError("CUDA error: invalid argument\nCUDA kernel errors might be asynchronously reported ...")
+    text = describe_late_cuda_error(late)
+    assert is_cuda_error(late) and "\n" not in text
+    assert text.startswith("the candidate's GPU work failed") and "invalid argument" in text and LAUNCH_HINT in text
+    fault = describe_late_cuda_error(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert "illegal memory access" in fault and LAUNCH_HINT not in fault
+    assert not is_cuda_error(ValueError("CUDA error: not raised by CUDA")) and not is_cuda_error(RuntimeError("shape"))

@@ -140,6 +140,19 @@ async def test_final_mode_runs_more_trials_and_two_poison_pairs(pool, tmp_path):
     assert verdict.trials == 12 and verdict.details["runs"] == 14 and verdict.details["fp64_reference"]
 
 
+async def test_a_launch_that_cuda_refuses_fails_the_candidate_with_its_error_not_a_harness_traceback(pool, tmp_path):
+    """2048 threads per block: the launch fails without a word (the binding checks nothing), and
+    CUDA reports it at the harness's next call; the message names the candidate's GPU work."""
+    ws = make_workspace(HONEST[0].parent / "l1_2_matmul_tiled", tmp_path)
+    cu = ws / "kernels" / "matmul.cu"
+    text = cu.read_text()
+    assert "<<<grid, 256, 0, stream>>>" in text
+    cu.write_text(text.replace("<<<grid, 256, 0, stream>>>", "<<<grid, 2048, 0, stream>>>"))
+    verdict = await verify(ws, await build(pool, ws))
+    assert verdict.status is VerdictStatus.RUNTIME_ERROR, verdict
+    assert "the candidate's GPU work failed" in verdict.message and "Traceback" not in verdict.message, verdict.message
+
+
 @pytest.mark.parametrize(("name", "honest"), [("l1_2_matmul_tiled", True), ("decoy_memcpy", False)])
 async def test_verify_handler_through_the_gpu_queue(pool, tmp_path, name, honest):
     from rewards.queue.gpu_queue import GpuQueue, GpuQueueConfig

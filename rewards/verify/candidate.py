@@ -70,6 +70,26 @@ def describe_exception(exc: BaseException) -> str:
     return text[-ERROR_CHARS:]
 
 
+LAUNCH_HINT = ("a launch with more than 1024 threads per block, a zero-sized grid, or more shared memory "
+               "than a block may have fails this way")
+
+
+def is_cuda_error(exc: BaseException) -> bool:
+    """An error CUDA reported through torch (torch.AcceleratorError, or a RuntimeError naming it)."""
+    return type(exc).__name__ == "AcceleratorError" or (isinstance(exc, RuntimeError) and "CUDA error" in str(exc))
+
+
+def describe_late_cuda_error(exc: BaseException) -> str:
+    """A CUDA error that the harness's first GPU call after the candidate's forward raised. CUDA
+    reports a kernel's bad launch or fault at a later call, so its traceback names harness code:
+    the message names the candidate instead, with the error's own first line."""
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    text = f"the candidate's GPU work failed (CUDA reported it after forward returned): {first}"
+    if "invalid argument" in first or "invalid configuration" in first:
+        text += f"; {LAUNCH_HINT}"
+    return text
+
+
 def _import_model_new(path: Path):
     spec = importlib.util.spec_from_file_location("model_new", path)
     if spec is None or spec.loader is None:
@@ -225,14 +245,20 @@ class Session:
             return TrialReport(index=msg.index, run=msg.run, ok=False, error=describe_exception(exc), input_fingerprints=fps)
         forward_ms = probes.elapsed_ms(start)
         phases.add("profiled_forward" if msg.profile and self.cuda else "forward", forward_ms)
-        with phases.phase("probes"):
-            plain = [o for o in outputs if type(o) is torch.Tensor]
-            fp_stream = tuple(probes.fingerprint(o) for o in plain)  # ordered on the harness stream only
-            self.synchronize()
-            fp_device = tuple(probes.fingerprint(o) for o in plain)
-            after = probes.snapshot()
-            changed = tuple(i for (i, t), fp in zip(tensors, fps) if probes.fingerprint(t) != fp)
-            prev_changed, same_storage = self._previous(plain, tensors)
+        try:
+            with phases.phase("probes"):
+                plain = [o for o in outputs if type(o) is torch.Tensor]
+                fp_stream = tuple(probes.fingerprint(o) for o in plain)  # ordered on the harness stream only
+                self.synchronize()
+                fp_device = tuple(probes.fingerprint(o) for o in plain)
+                after = probes.snapshot()
+                changed = tuple(i for (i, t), fp in zip(tensors, fps) if probes.fingerprint(t) != fp)
+                prev_changed, same_storage = self._previous(plain, tensors)
+        except Exception as exc:
+            if not is_cuda_error(exc):
+                raise
+            return TrialReport(index=msg.index, run=msg.run, ok=False, error=describe_late_cuda_error(exc),
+                               input_fingerprints=fps)
         try:
             with phases.phase("send_outputs"):
                 infos = self._send_outputs(outputs, tensors, msg)
