@@ -146,6 +146,15 @@ def test_samples_per_round_fill_the_round_target_within_the_cap():
     assert samples_per_round(config, 0.01) == 16
 
 
+def test_a_kernel_bound_subject_takes_the_shorter_share_of_a_round():
+    config = PairedConfig(round_target_ms=20.0, kernel_round_target_ms=8.0, kernel_bound_ratio=0.1)
+    assert samples_per_round(config, 2.7, launch_ratio=0.01) == 3  # KernelBench's L1/1 matmul
+    assert samples_per_round(config, 2.7, launch_ratio=0.24) == 8  # LeNet5's launches: the full share
+    assert samples_per_round(config, 2.7, launch_ratio=None) == 8  # graph mode: not measured
+    assert samples_per_round(config, 2.7, launch_ratio=0.0) == 8  # no launch time measured
+    assert samples_per_round(config, 50.0, launch_ratio=0.01) == 1
+
+
 # --- stopping rule ---------------------------------------------------------------------------------
 
 
@@ -801,6 +810,7 @@ class FakeGpu:
     """The edge of `rewards.timing.gpu_timer.Gpu`: a sample is the call's return value in ms."""
 
     index, l2_bytes = 0, 50 << 20
+    launch_share = 0.9  # of the call's device time its launch takes: launch-bound
 
     def __init__(self, config: TimingConfig) -> None:
         self.flush_buffer = types.SimpleNamespace(numel=lambda: 256 << 20)
@@ -808,7 +818,7 @@ class FakeGpu:
 
     def timed(self, call) -> Sample:
         ms = call()
-        return Sample(device_ms=ms, host_ms=ms + 0.02, launch_ms=0.9 * ms)
+        return Sample(device_ms=ms, host_ms=ms + 0.02, launch_ms=self.launch_share * ms)
 
     def flush_ms(self) -> float:
         return 0.06
@@ -850,6 +860,26 @@ def test_measure_paired_times_every_subject_in_rounds_and_reports_why_no_graph(m
     assert m.launch_ratio == pytest.approx(0.9) and m.timing.host_ratio == pytest.approx(1.3 / 1.32, rel=0.01)
     assert m.graph_info_ms is None and m.graph_info_error  # launch-bound, but no CUDA here to capture a graph
     assert decode(encode(timing), PairedTiming) == timing
+
+
+def test_measure_paired_gives_kernel_bound_subjects_shorter_rounds(monkeypatch):
+    from rewards.timing import paired_timer
+
+    class KernelBoundGpu(FakeGpu):
+        launch_share = 0.02
+
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(
+        cuda=types.SimpleNamespace(Device=lambda i: contextlib.nullcontext())))
+    calls = [paired_timer.PairedCall(role, "", lambda x, ms=ms: ms)
+             for role, ms in (("candidate", 2.7), ("eager", 2.7), ("compile", 2.7))]
+    config, paired = TimingConfig(warmup_s=0.01, graph="never"), PairedConfig(graph_info=False)
+    per_round = {}
+    for gpu in (FakeGpu, KernelBoundGpu):
+        monkeypatch.setattr(paired_timer, "Gpu", gpu)
+        timing = paired_timer.measure_paired(calls, lambda i: (i,), config, paired)
+        per_round[gpu.launch_share] = {s.samples_per_round for s in timing.subjects}
+        assert {s.measurement.timing.samples for s in timing.subjects} == {len(timing.rounds) * min(per_round[gpu.launch_share])}
+    assert per_round == {0.9: {8}, 0.02: {3}}
 
 
 def test_only_the_first_subject_warms_up_by_the_timing_config():

@@ -228,6 +228,18 @@ def test_warm_up_waits_for_the_clock_to_come_up_until_its_cap():
     assert never.seconds == pytest.approx(1.0)
 
 
+def test_warm_up_measures_the_launch_ratio_of_its_second_half():
+    clock = FakeClock()
+
+    def sample(i: int) -> Sample:
+        clock.now += 2e-3
+        return Sample(device_ms=2.0, host_ms=2.02, launch_ms=5.0 if i < 10 else 0.04)
+
+    warm = warm_up(sample, TimingConfig(warmup_s=0.2), clock=clock)
+    assert warm.launch_ratio == pytest.approx(0.02)
+    assert warm_up(fake_sampler(clock, lambda i: 1.0), TimingConfig(warmup_s=0.1), clock=clock).launch_ratio == 0.0
+
+
 def test_warm_up_estimate_ignores_the_cold_first_calls():
     clock = FakeClock()
     sampler = fake_sampler(clock, lambda i: 20.0 if i < 5 else 1.0)

@@ -51,6 +51,14 @@ class PairedConfig(Struct, frozen=True, kw_only=True):
     round_target_ms: float = 20.0
     """Each subject's share of a round lasts about this long: short rounds keep the drifting
     launch speed common to the subjects of a round."""
+    kernel_round_target_ms: float = 8.0
+    """The share instead when a subject's calls are kernel-bound (launch ratio in its warm-up below
+    `kernel_bound_ratio`): its time then drifts only with the SM clock and the memory system,
+    slowly, so a shorter share pairs it as well at a fraction of the cost (a 2.7 ms matmul: 3
+    samples a round instead of 8)."""
+    kernel_bound_ratio: float = 0.1
+    """Below this launch ratio a subject is kernel-bound (KernelBench's heavy level-1 kernels:
+    0.00-0.05; the level-3 nets: 0.24 and up)."""
     max_samples_per_round: int = 16
     """Cap on one subject's samples in one round (calls of a few microseconds)."""
     target_rel_halfwidth: float = 0.015
@@ -231,11 +239,15 @@ def subject_warmup_s(timing: TimingConfig, config: PairedConfig, position: int) 
     return min(timing.warmup_s, config.subject_warmup_ms / 1e3)
 
 
-def samples_per_round(config: PairedConfig, call_ms: float) -> int:
-    """Samples that fill `round_target_ms` for a call of `call_ms` (at least 1)."""
+def samples_per_round(config: PairedConfig, call_ms: float, launch_ratio: float | None = None) -> int:
+    """Samples that fill a subject's share of a round for a call of `call_ms` (at least 1): the
+    `round_target_ms`, or `kernel_round_target_ms` for a kernel-bound subject (its warm-up's
+    `launch_ratio` measured and below `kernel_bound_ratio`; None: not measured, as in graph mode)."""
     if call_ms <= 0:
         return config.max_samples_per_round
-    return max(1, min(config.max_samples_per_round, math.ceil(config.round_target_ms / call_ms)))
+    kernel_bound = launch_ratio is not None and 0.0 < launch_ratio < config.kernel_bound_ratio
+    target = config.kernel_round_target_ms if kernel_bound else config.round_target_ms
+    return max(1, min(config.max_samples_per_round, math.ceil(target / call_ms)))
 
 
 def stop_reason(rounds: Sequence[RoundTimes], elapsed_s: float, config: PairedConfig) -> str | None:

@@ -136,8 +136,9 @@ def measure_paired(
             with call.context():
                 timer.warm_up(subject_warmup_s(config, paired, position))
         method = _paired_method(calls, timers, config)
-        subjects = [RoundSubject(c.role, t.sample, samples_per_round(paired, t.warm.estimate_ms * t.calls), c.context)
-                    for c, t in zip(calls, timers)]
+        subjects = [RoundSubject(c.role, t.sample, samples_per_round(
+                        paired, t.warm.estimate_ms * t.calls, t.warm.launch_ratio if t.method == METHOD_EVENT else None),
+                        c.context) for c, t in zip(calls, timers)]
         if headroom is not None:
             headroom.sample("after the warm-ups")
         chosen = set()

@@ -192,6 +192,7 @@ class WarmUp(NamedTuple):
     calls: int
     seconds: float
     estimate_ms: float  # median of the second half: the call length that picks the method
+    launch_ratio: float = 0.0  # as Measurement.launch_ratio, over the second half; 0 when not measured
 
 
 def warm_up(
@@ -205,15 +206,21 @@ def warm_up(
     The clock starts after the first call, which may compile, load modules or autotune. Warm-up
     goes by time because the SM clock climbs from idle (345 MHz) to 1980 MHz under load on an
     H200; `clock_ready` says when NVML reads it at `clock_ready_fraction` of its maximum."""
-    times = [sample(0).device_ms]
+    first = sample(0)
+    times, launches = [first.device_ms], [first.launch_ms]
     start = clock()
     while True:
-        times.append(sample(len(times)).device_ms)
+        s = sample(len(times))
+        times.append(s.device_ms)
+        launches.append(s.launch_ms)
         elapsed = clock() - start
         if len(times) < config.warmup_min_calls or elapsed < config.warmup_s:
             continue
         if elapsed >= config.warmup_max_s or clock_ready is None or clock_ready():
-            return WarmUp(len(times), elapsed, stats.median(times[len(times) // 2 :]))
+            half = len(times) // 2
+            estimate = stats.median(times[half:])
+            launch = stats.median(launches[half:])
+            return WarmUp(len(times), elapsed, estimate, launch / estimate if estimate > 0 else 0.0)
 
 
 class Run(NamedTuple):
