@@ -55,6 +55,8 @@ import orjson
 from msgspec import Struct
 
 from agentcore import runtime
+from bench.system.heldout_failures import Failure, failures
+from bench.system.heldout_failures import markdown_lines as failure_lines
 from rl.config import TrainConfig, apply_overrides
 from rl.heldout import FILE as HELDOUT_FILE
 from rl.heldout import Row, append_row, expected_labels, read_rows
@@ -74,6 +76,8 @@ CPU_FAMILIES = ["data.tasks=families", "data.family_scale=0.01", "data.heldout=t
                 "data.rft_policy_rollouts=false", "data.collect_tasks=2", "steps.rft=2", "steps.value=1",
                 "steps.ppo=1", "rollout.max_context_tokens=8192"]
 """The smoke_cpu recipe on toy-sized family tasks: the plumbing of this benchmark on a CPU."""
+FAILURE_ROWS = ("after_rft", "after_ppo")
+"""The PPO run's held-out rows whose failed trajectories the report explains."""
 PORT_BASE = 31000
 """Seeds running at once: the child on the k-th GPU serves its learner on PORT_BASE + 16 k."""
 
@@ -102,6 +106,9 @@ class SeedResult(Struct, kw_only=True):
     heldout_new: dict[str, str] = {}
     """What is new in each held-out task (`families_split.json`): "shape" or "chain" (trained ops),
     "op" (an op no training task has); empty when the run's tasks are not the families'."""
+    failures: dict[str, list[Failure]] = {}
+    """The PPO run's failed held-out trajectories after rft and after PPO, with their verdicts
+    (`bench.system.heldout_failures`)."""
 
 
 def seed_configs(base: TrainConfig, out: Path, seed: int, overrides: list[str]) -> tuple[TrainConfig, TrainConfig]:
@@ -138,7 +145,8 @@ def run_seed(base: TrainConfig, out: Path, seed: int, overrides: list[str]) -> S
 def seed_result(seed: int, ppo: TrainConfig, control: TrainConfig, wall_s: float) -> SeedResult:
     """What a seed's two run directories hold."""
     return SeedResult(seed=seed, ppo=_by_label(ppo.run_dir), control=_by_label(control.run_dir), wall_s=wall_s,
-                      ppo_steps=ppo_steps(ppo.run_dir), heldout_new=heldout_new(ppo.run_dir))
+                      ppo_steps=ppo_steps(ppo.run_dir), heldout_new=heldout_new(ppo.run_dir),
+                      failures={label: failures(ppo.run_dir, label) for label in FAILURE_ROWS})
 
 
 def heldout_new(run_dir: str | Path) -> dict[str, str]:
@@ -363,6 +371,8 @@ def markdown(results: list[SeedResult], policy: str, v: dict[str, Any]) -> str:
         lines.append(f"- the whole run: {v['wall_s'] / 60:.1f} min (target <= {WALL_TARGET_S / 60:.0f} min): "
                      f"{'met' if v['wall_target_met'] else 'NOT met'}")
     lines += _by_new_lines(results)
+    trained = {t for r in results for t, kind in r.heldout_new.items() if kind in NEW_GROUPS[0][1]}
+    lines += failure_lines(((r.seed, r.failures) for r in results), trained)
     if steps := max((len(r.ppo_steps) for r in results), default=0):
         lines += ["", "PPO steps on the training split (rollout mean reward / pass rate), and over the steps: the "
                       "reward's weight on each sample's first action (`train/reward_reach`), the share of samples "

@@ -1,0 +1,92 @@
+"""Why held-out trajectories failed: the verdict of each one, read from a run's rollouts.
+
+What it is: `failures(run_dir, label)` reads `rollouts/heldout_<label>.jsonl` of a training run
+(written by `rl.heldout.evaluate`) and returns one `Failure` per trajectory that did not pass
+(reward below 1): its task, the verdict's status (compile_error, wrong_output, runtime_error,
+hack, ...) and one line of the verdict's message that says why. `markdown_lines` turns the
+failures of several seeds into the learning report's section: failed trajectories by status per
+row, and each failed task of trained ops after rft (what PPO could still gain) with its reason.
+What it is not: a judge; it reports the verdicts the final evaluation gave.
+
+    rows = failures("runs/learning/seed0/ppo", "after_rft")
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+import orjson
+from msgspec import Struct
+
+REASON_CHARS = 160
+_ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception)\b.*:|: error:|error: ")
+_CUDA_ERROR = re.compile(r"cudaError\w+")
+_BOILERPLATE = ("CUDA kernel errors might be", "For debugging consider", "Compile with `TORCH_USE_CUDA_DSA`")
+
+
+class Failure(Struct, frozen=True, kw_only=True):
+    """One held-out trajectory that did not pass."""
+
+    task_id: str
+    status: str
+    reason: str
+
+
+def reason_line(message: str) -> str:
+    """The line of a verdict's message that says why: its last error line (a traceback's
+    exception, a compiler's error), else the CUDA error a line names (a long message keeps its
+    ends only, and may have lost the exception's line), else its first line."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith(_BOILERPLATE)]
+    if errors := [line for line in lines if _ERROR_LINE.search(line)]:
+        return errors[-1][:REASON_CHARS]
+    if named := [m.group(0) for line in lines if (m := _CUDA_ERROR.search(line))]:
+        return f"CUDA error {named[-1]}"
+    return lines[0][:REASON_CHARS] if lines else ""
+
+
+def failures(run_dir: str | Path, label: str) -> list[Failure]:
+    """The failed trajectories of the held-out evaluation `label` of a run ([] without its file;
+    a line cut by a killed run is skipped)."""
+    path = Path(run_dir) / "rollouts" / f"heldout_{label}.jsonl"
+    found = []
+    for line in path.read_bytes().splitlines() if path.exists() else []:
+        try:
+            traj = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        reward = traj.get("reward")
+        if isinstance(reward, (int, float)) and reward >= 1.0:
+            continue
+        info = traj.get("reward_info") or {}
+        status = str(info.get("status") or traj.get("status") or "unscored")
+        message = str(info.get("message") or traj.get("error") or "")
+        found.append(Failure(task_id=str(traj.get("task_id", "?")), status=status, reason=reason_line(message)))
+    return found
+
+
+def markdown_lines(seeds: Iterable[tuple[int, dict[str, list[Failure]]]], trained: Iterable[str]) -> list[str]:
+    """The report's section: per seed and row (label -> failures), the failed trajectories by
+    verdict status; then every task of trained ops (`trained`) that failed after rft, with why."""
+    seeds = [(seed, rows) for seed, rows in seeds if any(rows.values())]
+    if not seeds:
+        return []
+    statuses = sorted({f.status for _, rows in seeds for fs in rows.values() for f in fs})
+    lines = ["", "Why held-out trajectories failed: the final evaluation's verdict of each failed trajectory.", "",
+             "| seed | row | " + " | ".join(statuses) + " |", "|---" * (2 + len(statuses)) + "|"]
+    for seed, rows in seeds:
+        for label, fs in rows.items():
+            counts = Counter(f.status for f in fs)
+            lines.append(f"| {seed} | {label.replace('_', ' ')} | " + " | ".join(str(counts[s]) for s in statuses) + " |")
+    trained = set(trained)
+    room = [(seed, f) for seed, rows in seeds for f in rows.get("after_rft", []) if f.task_id in trained]
+    if room:
+        lines += ["", "Tasks of trained ops failed after rft (what PPO could gain on correctness), and why:", ""]
+        lines += [f"- seed {seed}, `{f.task_id}`: {f.status}: {f.reason.replace('|', '/')}" for seed, f in room]
+    return lines
+
+
+__all__ = ["Failure", "failures", "markdown_lines", "reason_line"]

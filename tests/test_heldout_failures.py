@@ -1,0 +1,63 @@
+"""bench.system.heldout_failures: why held-out trajectories failed, read from a run's rollouts."""
+
+from __future__ import annotations
+
+import orjson
+
+from bench.system.heldout_failures import Failure, failures, markdown_lines, reason_line
+
+TRACEBACK = """trial 0: Traceback (most recent call last):
+  File "model_new.py", line 12, in forward
+    return cuda_extension.binary_forward(x, b)
+RuntimeError: binary_forward: b must be a contiguous float32 CUDA vector of x.size(0) elements
+"""
+CUT_CUDA = """trial 0: Traceback (most recent call last):
+  File "rewards/verify/candidate.py", line 377, in serve
+    re [...] for `cudaErrorInvalidValue' in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html
+CUDA kernel errors might be asynchronously reported at some other API call.
+For debugging consider passing CUDA_LAUNCH_BLOCKING=1
+"""
+
+
+def test_the_reason_is_the_error_line_the_named_cuda_error_or_the_first_line():
+    assert reason_line(TRACEBACK).startswith("RuntimeError: binary_forward: b must be")
+    assert reason_line('kernels/unary.cu(7): error: identifier "softsign" is undefined\n  v = softsign;') == (
+        'kernels/unary.cu(7): error: identifier "softsign" is undefined')
+    assert reason_line(CUT_CUDA) == "CUDA error cudaErrorInvalidValue"
+    assert reason_line("trial 0, output 0: 5120 of 5120 values outside atol=0.01\nmore") == (
+        "trial 0, output 0: 5120 of 5120 values outside atol=0.01")
+    assert reason_line("") == "" and len(reason_line("x" * 1000)) == 160
+
+
+def write_rollouts(run_dir, label, rows):
+    path = run_dir / "rollouts" / f"heldout_{label}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows) + b'{"task_id": "cut')
+
+
+def test_failures_are_the_trajectories_below_a_pass_with_their_verdicts(tmp_path):
+    write_rollouts(tmp_path, "after_rft", [
+        {"task_id": "fam_binary_add_row_s3", "reward": -1.0,
+         "reward_info": {"status": "runtime_error", "message": TRACEBACK}},
+        {"task_id": "fam_unary_relu_s3", "reward": 2.0, "reward_info": {"status": "ok", "message": "12 trials passed"}},
+        {"task_id": "fam_unary_mish_s1", "reward": None, "status": "truncated_context", "error": "context full"},
+    ])
+    found = failures(tmp_path, "after_rft")
+    assert [(f.task_id, f.status) for f in found] == [("fam_binary_add_row_s3", "runtime_error"),
+                                                       ("fam_unary_mish_s1", "truncated_context")]
+    assert found[1].reason == "context full"
+    assert failures(tmp_path, "after_ppo") == []
+
+
+def test_the_report_counts_statuses_per_row_and_lists_the_trained_op_tasks_failed_after_rft():
+    rft = [Failure(task_id="fam_binary_add_row_s3", status="runtime_error", reason="CUDA error cudaErrorInvalidValue"),
+           Failure(task_id="fam_unary_mish_s1", status="wrong_output", reason="trial 0 | output 0")]
+    ppo = [Failure(task_id="fam_unary_mish_s1", status="wrong_output", reason="x")]
+    lines = markdown_lines([(0, {"after_rft": rft, "after_ppo": ppo}), (1, {"after_rft": [], "after_ppo": []})],
+                           trained={"fam_binary_add_row_s3"})
+    text = "\n".join(lines)
+    assert "| seed | row | runtime_error | wrong_output |" in text
+    assert "| 0 | after rft | 1 | 1 |" in text and "| 0 | after ppo | 0 | 1 |" in text and "| 1 | after" not in text
+    assert "- seed 0, `fam_binary_add_row_s3`: runtime_error: CUDA error cudaErrorInvalidValue" in text
+    assert "mish" not in text.split("and why:")[1]
+    assert markdown_lines([(0, {"after_rft": []})], trained=set()) == []
