@@ -182,3 +182,29 @@ def test_bad_gpus_are_a_usage_error(tmp_path, capsys, argv, says):
     with pytest.raises(SystemExit) as exit_:
         parse_args(["--out", str(tmp_path / "d.jsonl"), *argv])
     assert exit_.value.code == 2 and says in capsys.readouterr().err
+
+
+async def test_a_row_written_as_the_run_is_cancelled_is_counted_once(tmp_path):
+    """The cancel lands while the candidate's consumer waits for the lock to count the row it
+    just wrote: the count must still happen (the re-run skips that index), exactly once."""
+    out = tmp_path / "tasks.jsonl"
+    synth = Synth(SynthConfig(n=1, max_candidates=1, mix_llm=0.0, filters=FILTERS), out, [None], [])
+    wrote, locked = anyio.Event(), anyio.Event()
+
+    async def process(index, lane):  # the candidate's row, written before its consumer counts it
+        synth._good.write({"task_id": f"t{index}", "source": "", "metadata": {"index": index}})
+        wrote.set()
+        await locked.wait()
+        return True
+
+    synth._process = process
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(synth.run)
+        await wrote.wait()
+        await synth._changed.acquire()
+        locked.set()
+        await anyio.wait_all_tasks_blocked()  # the consumer now waits for the lock, its row written
+        tg.cancel_scope.cancel()
+        synth._changed.release()
+    assert synth.statistics().processed == synth.statistics().accepted == 1
+    assert [r["metadata"]["index"] for r in read_rows(out)] == [0]
