@@ -228,6 +228,15 @@ def test_warm_up_waits_for_the_clock_to_come_up_until_its_cap():
     assert never.seconds == pytest.approx(1.0)
 
 
+def test_a_clock_already_up_after_the_first_call_shortens_the_warm_up():
+    clock = FakeClock()
+    sampler = fake_sampler(clock, lambda i: 1.0, overhead_s=0.0)
+    config = TimingConfig(warmup_s=0.2, warmup_ready_s=0.05)
+    assert warm_up(sampler, config, clock=clock, clock_ready=lambda: True).seconds == pytest.approx(0.05)
+    clock.now = 0.0
+    assert warm_up(sampler, config, clock=clock, clock_ready=lambda: clock.now >= 0.1).seconds == pytest.approx(0.2)
+
+
 def test_warm_up_measures_the_launch_ratio_of_its_second_half():
     clock = FakeClock()
 
