@@ -329,12 +329,12 @@ def env_config(args: argparse.Namespace) -> EnvConfig:
     if not all("=" in h for h in args.handler):
         raise ValueError(f"--handler wants KIND=module:function, got {args.handler}")
     handlers = dict(h.split("=", 1) for h in args.handler)
-    staged = {} if getattr(args, "staged", True) else {"staged_kinds": ()}
+    staged = {} if args.staged else {"staged_kinds": ()}
     queue = GpuQueueConfig(fork_per_job=args.fork_per_job, preload=tuple(args.preload), handlers=handlers,
                            job_default_deadline_s=args.deadline_s, **staged)
-    launcher = getattr(args, "child_launcher", "zygote")  # rewards.queue.zygote
+    launcher = args.child_launcher  # rewards.queue.zygote
     return EnvConfig(gpus=tuple(int(g) for g in args.gpus.split(",")), sandbox="on" if args.sandbox else "off",
-                     lanes_per_gpu=getattr(args, "lanes_per_gpu", 1),
+                     lanes_per_gpu=args.lanes_per_gpu,
                      compile=CompileConfig(cache_dir=args.compile_cache_dir), queue=queue,
                      verify=VerifyConfig(child_launcher=launcher), profile=ProfileConfig(child_launcher=launcher),
                      job_deadline_s=args.deadline_s)
@@ -366,12 +366,12 @@ async def run(args: argparse.Namespace, *, gpu_count: Callable[[str], Awaitable[
             _progress(f"queue up in {start_s:.1f} s, warm-up done in {warm['seconds']:.1f} s; saturating")
             concurrency = args.concurrency or 4 * len(queue.gpus)
             sat = await saturate(queue, built, config, jobs=args.jobs, concurrency=concurrency,
-                                 mode=args.verify_mode, baselines=warm["baselines"], paired=getattr(args, "paired", False))
+                                 mode=args.verify_mode, baselines=warm["baselines"], paired=args.paired)
             final = queue.statistics()
     return {
         "mode": "real_jobs",
         "config": {"demos": [d.name for d in built], "jobs_per_kind": args.jobs, "verify_mode": args.verify_mode,
-                   "paired": getattr(args, "paired", False),
+                   "paired": args.paired,
                    "concurrency": concurrency, "queue": msgspec.to_builtins(queue_cfg)},
         "queue_start_s": start_s,
         "builds": {d.name: {"build_s": d.build_s, "built_units": d.built_units, "cached_units": d.cached_units}
