@@ -27,7 +27,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from rewards.queue import zygote, zygote_server
+from rewards.queue import process_state, zygote, zygote_server
 from rewards.queue.jobs import Job, encode
 from rewards.timing.profile import ProfileConfig, ProfileRequest, time_candidate
 from rewards.timing.sampling import TimingConfig
@@ -375,9 +375,9 @@ def test_the_device_count_is_taken_in_a_child_and_answered_only_inside(machine):
     questions are answered from that count inside `devices_answered` only."""
     script = """
 import json, threading, torch
-from rewards.queue import zygote_server as z
+from rewards.queue import process_state, zygote_server as z
 threads = threading.active_count()
-count = z._count_devices_in_a_child()
+count = process_state.count_devices_in_a_child()
 own = torch.cuda.is_available, torch.cuda.device_count
 with z.devices_answered(torch.cuda, count):
     inside = [torch.cuda.is_available(), torch.cuda.device_count()]
@@ -395,14 +395,15 @@ def test_a_child_that_cannot_count_answers_no_devices(monkeypatch):
     import torch
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1 / 0)
-    assert zygote_server._count_devices_in_a_child() == 0
+    assert process_state.count_devices_in_a_child() == 0
 
 
 def test_the_warm_up_hashes_tritons_own_key(monkeypatch):
     """Where codecache has no triton_key wrapper, Inductor's system key calls Triton's own
     (lru-cached) one in the first compile: the warm-up computes it so that children inherit it."""
-    from rewards.queue import compile_warmup
     from torch._inductor.runtime import triton_compat
+
+    from rewards.queue import compile_warmup
 
     calls = []
     monkeypatch.setattr(triton_compat, "HAS_TRITON", True)
@@ -430,7 +431,7 @@ def test_a_failed_or_threaded_warm_up_is_a_message_not_a_dead_zygote(monkeypatch
         threading.Thread(target=release.wait, name="prefetch_1").start()
 
     monkeypatch.setattr(compile_warmup, "warm_up", threaded)
-    monkeypatch.setattr(zygote_server, "_mapped", lambda library: any(library in m for m in maps))
+    monkeypatch.setattr(zygote_server, "mapped", lambda library: any(library in m for m in maps))
     try:
         assert zygote_server._warm_up()[1] == ("the warm-up left 2 thread(s) running (prefetch_0 after hashes, "
                                                "prefetch_1 after end); libcuda.so.1 was loaded by hashes")
@@ -450,20 +451,20 @@ def test_the_zygote_leaves_nvml_as_it_found_it():
             return 0
 
     nvml = Nvml(inits=3)
-    assert zygote_server._release_nvml(nvml) == 3 and nvml.inits == 0
-    assert zygote_server._release_nvml(nvml) == 0
-    assert zygote_server._release_nvml(None) == 0
+    assert process_state.release_nvml(nvml) == 3 and nvml.inits == 0
+    assert process_state.release_nvml(nvml) == 0
+    assert process_state.release_nvml(None) == 0
 
 
 CUDA_TOUCHED = """
 import sys
-from rewards.queue import zygote_server
+from rewards.queue import process_state, zygote_server
 
 class Touched:  # the driver answers as after cuInit
     def cuDeviceGetCount(self, count):
         return 0
 
-zygote_server._driver = lambda: Touched()
+process_state.cuda_driver = lambda: Touched()
 zygote_server.WARM_UP = {warm_up}
 sys.exit(zygote_server.main(sys.argv[1:]))
 """

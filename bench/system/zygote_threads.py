@@ -33,8 +33,7 @@ import traceback
 
 import orjson
 
-from rewards.queue import compile_warmup, zygote_server
-
+from rewards.queue import compile_warmup, process_state, zygote_server
 
 WATCHED = ("is_available", "device_count", "_device_count_nvml", "_raw_device_count_nvml", "current_device",
            "get_device_capability", "get_device_properties", "_lazy_init")
@@ -58,7 +57,7 @@ def _watch(module) -> None:
 def _nvml_initialised() -> bool | None:
     """Whether NVML is initialised now (asking for the device count initialises nothing: before
     nvmlInit it answers NVML_ERROR_UNINITIALIZED, 1); None without NVML's library."""
-    nvml = zygote_server._library("libnvidia-ml.so.1")
+    nvml = process_state.library("libnvidia-ml.so.1")
     if nvml is None:
         return None
     count = ctypes.c_uint()
@@ -71,8 +70,8 @@ class _ImportWatch:
     each change, naming the two imports. Each ctypes load of libcuda prints its Python stack."""
 
     def __init__(self) -> None:
-        self.threads = zygote_server._thread_ids()
-        self.libcuda = zygote_server._mapped("libcuda.so")
+        self.threads = process_state.thread_ids()
+        self.libcuda = process_state.mapped("libcuda.so")
         self.nvml = _nvml_initialised()
         self.last = "(none)"
         self.on = False  # off until main() has its first report out
@@ -91,11 +90,11 @@ class _ImportWatch:
 
     def check(self, name: str) -> None:
         changes = {}
-        threads = zygote_server._thread_ids()
+        threads = process_state.thread_ids()
         if new := threads - self.threads:
-            changes["new_threads"] = [thread for _, thread in zygote_server._thread_names(new)]
+            changes["new_threads"] = [thread for _, thread in process_state.thread_names(new)]
         self.threads = threads
-        if not self.libcuda and (libcuda := zygote_server._mapped("libcuda.so")):
+        if not self.libcuda and (libcuda := process_state.mapped("libcuda.so")):
             changes["libcuda_mapped"] = self.libcuda = libcuda
         if (nvml := _nvml_initialised()) != self.nvml:
             changes["nvml_initialised"] = self.nvml = nvml
@@ -109,14 +108,14 @@ def main() -> int:
     os.environ.update(zygote_server.NVML_CHECK)
     watch = _ImportWatch()
     sys.addaudithook(watch)
-    known = zygote_server._thread_ids()
+    known = process_state.thread_ids()
 
     def report(step: str) -> None:
         nonlocal known
-        now = zygote_server._thread_ids()
-        new = [name for _, name in zygote_server._thread_names(now - known)]
+        now = process_state.thread_ids()
+        new = [name for _, name in process_state.thread_names(now - known)]
         known = now
-        line = {"step": step, "new_threads": new, "libcuda_mapped": zygote_server._mapped("libcuda.so"),
+        line = {"step": step, "new_threads": new, "libcuda_mapped": process_state.mapped("libcuda.so"),
                 "nvml_initialised": _nvml_initialised()}
         print(orjson.dumps(line).decode(), flush=True)
 
@@ -125,14 +124,14 @@ def main() -> int:
     torch = importlib.import_module("torch")
     report("preload torch")
     _watch(torch.cuda)
-    count = zygote_server._count_devices_in_a_child()
+    count = process_state.count_devices_in_a_child()
     report(f"{count} device(s) counted in a child")
     with zygote_server.devices_answered(torch.cuda, count):
         for name in (name for name in zygote_server.PRELOAD if name != "torch"):
             importlib.import_module(name)
             report(f"preload {name}")
         compile_warmup.warm_up(lambda step: report(f"warm_up {step}"))
-    release = functools.partial(zygote_server._release_nvml, zygote_server._library("libnvidia-ml.so.1"))
+    release = functools.partial(process_state.release_nvml, process_state.library("libnvidia-ml.so.1"))
     released = release()
     watch.on = False
     report(f"NVML released ({released} shutdowns)")

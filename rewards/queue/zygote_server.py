@@ -47,15 +47,25 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import msgspec
 from msgspec import Struct
 
+from rewards.queue.process_state import (
+    count_devices_in_a_child,
+    cuda_touched,
+    library,
+    mapped,
+    release_nvml,
+    thread_count,
+    thread_ids,
+    thread_names,
+)
+
 WARM_UP = True
 """Run rewards.queue.compile_warmup before the first fork. Its imports may ask whether CUDA is
 there (`torch.cuda.is_available()`, at module level in torch 2.11's Inductor benchmarking); `preload`
-answers from a count taken in a forked child (`_count_devices_in_a_child`), and a warm-up that
+answers from a count taken in a forked child (`count_devices_in_a_child`), and a warm-up that
 touches the driver anyway costs a restart without it (`main`), never a zygote that cannot fork.
 `python -m bench.system.compile_warmup --device cuda` measures what it saves."""
 NVML_CHECK = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
@@ -246,7 +256,7 @@ def _fork(data: bytes, fds: list[int], sock: socket.socket) -> Forked | Failed:
         request = request_decoder.decode(data)
         if not _acceptable(data, fds):
             return Failed(error=f"bad request: {request.module}, {len(fds)} fds")
-        if _cuda_touched():  # a forked child would share the context, or could not make its own
+        if cuda_touched():  # a forked child would share the context, or could not make its own
             return Failed(error="CUDA is initialised in the zygote")
         for stream in (sys.stdout, sys.stderr):  # nothing of ours may reach the child's log
             stream.flush()
@@ -416,68 +426,6 @@ def _reseed() -> None:
         numpy.random.seed()
 
 
-def _thread_ids() -> set[str]:
-    return set(os.listdir("/proc/self/task"))
-
-
-def _threads() -> int:
-    return len(_thread_ids())
-
-
-def _thread_names(tids: set[str]) -> list[tuple[str, str]]:
-    """(tid, name) of this process's threads `tids`: a Python thread's name, else the kernel's (`comm`)."""
-    import threading
-
-    python = {str(t.native_id): t.name for t in threading.enumerate()}
-    names = []
-    for tid in sorted(tids):
-        try:
-            names.append((tid, python.get(tid) or Path(f"/proc/self/task/{tid}/comm").read_text().strip()))
-        except OSError:  # ended meanwhile
-            pass
-    return names
-
-
-def _cuda_touched() -> bool:
-    """Whether this process initialised CUDA: torch's context, or the driver alone (a bare
-    cudaGetDeviceCount, which `torch.cuda.is_available()` makes and `is_initialized()` does not
-    see). A child forked after either cannot use CUDA. The driver is asked directly: before
-    cuInit, cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED (3)."""
-    if sys.modules["torch"].cuda.is_initialized():
-        return True
-    driver = _driver()
-    if driver is None:  # no driver on this machine: nothing to initialise
-        return False
-    count = ctypes.c_int()
-    return driver.cuDeviceGetCount(ctypes.byref(count)) != 3
-
-
-def _driver() -> ctypes.CDLL | None:
-    return _library("libcuda.so.1")
-
-
-@functools.cache
-def _library(name: str) -> ctypes.CDLL | None:
-    """A driver library (libcuda.so.1, libnvidia-ml.so.1), loaded once: loading it initialises
-    nothing. None on a machine without it."""
-    try:
-        return ctypes.CDLL(name)
-    except OSError:
-        return None
-
-
-def _release_nvml(nvml, most: int = 1000) -> int:
-    """Shut NVML down as often as it was initialised (torch's NVML device count initialises it at
-    each call and never shuts it down): a child must not inherit an initialised NVML whose device
-    fds `_place_fds` then closes. Returns the shutdowns that released something."""
-    if nvml is None:
-        return 0
-    for done in range(most):
-        if nvml.nvmlShutdown() != 0:  # NVML_ERROR_UNINITIALIZED: the count is down to zero
-            return done
-    return most
-
-
 def _warm_up(settle: Callable[[], object] = lambda: None) -> tuple[float, str]:
     """rewards.queue.compile_warmup.warm_up, timed. Its failure is a message, never the end of the
     zygote: the children then import and hash on their first compile, as without it. `settle` runs
@@ -485,14 +433,14 @@ def _warm_up(settle: Callable[[], object] = lambda: None) -> tuple[float, str]:
     would find (`preload` shuts NVML down there). The message names each such thread with the
     warm-up step after which it was first seen, and says which step loaded the CUDA driver's library
     (libcuda.so.1), if any did."""
-    before, start = _thread_ids(), time.perf_counter()
+    before, start = thread_ids(), time.perf_counter()
     seen: dict[str, str] = {}
-    driver = ["before the warm-up"] if _mapped("libcuda.so") else []  # the step that loaded it
+    driver = ["before the warm-up"] if mapped("libcuda.so") else []  # the step that loaded it
 
     def done(step: str) -> None:
-        for tid in _thread_ids() - before - seen.keys():
+        for tid in thread_ids() - before - seen.keys():
             seen[tid] = step
-        if not driver and _mapped("libcuda.so"):
+        if not driver and mapped("libcuda.so"):
             driver.append(f"by {step}")
 
     try:
@@ -504,33 +452,25 @@ def _warm_up(settle: Callable[[], object] = lambda: None) -> tuple[float, str]:
     else:
         done("end")
         settle()
-        extra = _thread_ids() - before  # a fork copies only the forking thread
-        names = ", ".join(f"{name} after {seen.get(tid, 'end')}" for tid, name in _thread_names(extra))
+        extra = thread_ids() - before  # a fork copies only the forking thread
+        names = ", ".join(f"{name} after {seen.get(tid, 'end')}" for tid, name in thread_names(extra))
         loaded = f"; libcuda.so.1 was loaded {driver[0]}" if driver else "; libcuda.so.1 is not loaded"
         error = f"the warm-up left {len(extra)} thread(s) running ({names}){loaded}" if extra else ""
     return (time.perf_counter() - start) * 1e3, error
-
-
-def _mapped(library: str) -> bool:
-    """Whether a file whose name contains `library` is mapped into this process."""
-    try:
-        return library in Path("/proc/self/maps").read_text()
-    except OSError:
-        return False
 
 
 def preload(warm_up: bool = True) -> tuple[float, str]:
     """What the zygote holds before its first fork: NVML_CHECK in its environment (torch reads it
     at each `is_available()`), PRELOAD imported and the compile warm-up paid (unless `warm_up` is
     False) with torch.cuda's device questions answered from a forked child's count
-    (`devices_answered`), NVML shut down again (`_release_nvml`), the collector's view frozen. Returns the
+    (`devices_answered`), NVML shut down again (`release_nvml`), the collector's view frozen. Returns the
     warm-up's ms and error. The forked children do not keep NVML_CHECK: `_run_child` gives each
     exactly the worker's environment, as a spawned child has, and a child initialises CUDA anyway."""
     _WORKER_NVML.update({name: os.environ.get(name) for name in NVML_CHECK})
     os.environ.update(NVML_CHECK)
     torch = importlib.import_module("torch")
-    release = functools.partial(_release_nvml, _library("libnvidia-ml.so.1"))
-    with devices_answered(torch.cuda, _count_devices_in_a_child()):
+    release = functools.partial(release_nvml, library("libnvidia-ml.so.1"))
+    with devices_answered(torch.cuda, count_devices_in_a_child()):
         for name in PRELOAD:
             importlib.import_module(name)
         warmed = _warm_up(settle=release) if warm_up else (0.0, "")
@@ -539,31 +479,10 @@ def preload(warm_up: bool = True) -> tuple[float, str]:
     return warmed
 
 
-def _count_devices_in_a_child() -> int:
-    """`torch.cuda.device_count()` as this process would see it, asked in a forked child that then
-    exits: torch counts with NVML (NVML_CHECK) or the CUDA runtime, and either leaves a driver
-    thread, or a driver, behind in the process that asked. 0 where the child could not answer."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: answer, then leave without running any of the parent's exit code
-        try:
-            os.close(read)
-            import torch
-
-            os.write(write, str(int(torch.cuda.device_count())).encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as answer:
-        text = answer.read()
-    os.waitpid(pid, 0)
-    return int(text) if text.isdigit() else 0
-
-
 @contextlib.contextmanager
 def devices_answered(cuda, count: int):
     """Within it, torch.cuda's `is_available()` and `device_count()` answer from `count` (what
-    `_count_devices_in_a_child` saw) and ask neither NVML nor the driver. The zygote's imports and
+    `count_devices_in_a_child` saw) and ask neither NVML nor the driver. The zygote's imports and
     warm-up run inside it; the children it forks find torch.cuda's own functions again."""
     saved = cuda.is_available, cuda.device_count
     cuda.is_available, cuda.device_count = (lambda: count > 0), (lambda: count)
@@ -583,11 +502,11 @@ def main(argv: list[str] | None = None) -> int:
     _die_with(args.parent_pid)
     warm_up = WARM_UP and not args.warm_up_failed
     warm_up_ms, warm_up_error = preload(warm_up=warm_up)
-    cuda_initialized = _cuda_touched()
+    cuda_initialized = cuda_touched()
     if cuda_initialized and warm_up:  # the warm-up may be to blame: try once without it
         _restart(args.socket_fd, args.parent_pid, WARM_UP_TOUCHED_CUDA)
     sock = socket.socket(fileno=args.socket_fd)
-    threads = _threads()
+    threads = thread_count()
     keep_spare = os.environ.get(SPARE_ENV) == "1" and not cuda_initialized
     spare = Spare(sock) if keep_spare else None
     sock.send(encode(Ready(pid=os.getpid(), threads=threads, cuda_initialized=cuda_initialized,
