@@ -250,6 +250,11 @@ def test_one_seed_of_plumbing_on_the_cpu(tmp_path: Path):
     assert set(seed["control"]) == {"before_ppo", "after_ppo"}
     assert doc["verdicts"]["seeds_complete"] == 1
     assert "NOT met" in (tmp_path / "learning.md").read_text()
+    # every failed held-out trajectory of the run's rollouts, with its verdict
+    failed, rft = seed["failures"]["after_rft"], seed["ppo"]["after_rft"]
+    passed = sum(r is not None and r >= 1 for rs in rft["by_task"].values() for r in rs)
+    assert len(failed) == rft["trajectories"] - passed > 0 and all(f["status"] for f in failed)
+    assert "Why held-out trajectories failed" in (tmp_path / "learning.md").read_text()
     assert (tmp_path / "learning.png").stat().st_size > 0
     control = read_rows(tmp_path / "seed0" / "control")
     assert [r.label for r in control] == ["before_ppo", "after_ppo"]
