@@ -14,7 +14,7 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 import orjson
@@ -135,6 +135,12 @@ class DataConfig(Struct, frozen=True, kw_only=True):
     """The rft collection also rolls out the policy on a task file's tasks (keeping reward > 0);
     off: demonstrations only (a random-weight model's rollouts of thousands of tokens are never
     kept, and they are the slow part of the collection)."""
+    ppo_shapes: tuple[Annotated[int, msgspec.Meta(ge=0, le=2)], ...] = ()
+    """`families` only: the shapes (s0-s2) whose training tasks are PPO's, and which rft does not
+    teach. PPO then practises trained ops at a shape imitation never showed it, as the held-out
+    split's new shapes ask: after rft on every teacher, the held-out failures of trained ops were
+    template errors at the new shape, while PPO's groups on taught tasks differed only by slips of
+    sampling. Empty: rft teaches every training task and PPO draws from all of them."""
     seed: int = 0
     """Seed of the task order (the data position is the step)."""
 

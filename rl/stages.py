@@ -88,6 +88,8 @@ def stage_plan(cfg: TrainConfig) -> list[Stage]:
 
 
 def training_tasks(cfg: TrainConfig) -> list[Task]:
+    if cfg.data.ppo_shapes and cfg.data.tasks != "families":
+        raise SystemExit(f"data.ppo_shapes {list(cfg.data.ppo_shapes)} needs data.tasks=families, not {cfg.data.tasks!r}")
     if cfg.data.tasks == "demos":
         return [d.task for d in demo_tasks(cfg.data.demos, cfg.data.demo_names)]
     if cfg.data.tasks == "families":
@@ -108,11 +110,30 @@ def demonstrations(cfg: TrainConfig) -> list[DemoTask]:
     drawn in a seeded order."""
     if cfg.data.tasks != "families":
         return demo_tasks(cfg.data.demos, cfg.data.demo_names)
-    demos = families.family_demos(training_tasks(cfg))
+    demos = families.family_demos(taught_tasks(training_tasks(cfg), cfg))
     if cfg.data.demos >= len(demos):
         return demos
     keep = sorted(random.Random(cfg.data.seed).sample(range(len(demos)), cfg.data.demos))
     return [demos[i] for i in keep]
+
+
+def ppo_tasks(tasks: list[Task], cfg: TrainConfig) -> list[Task]:
+    """The tasks PPO (and the value stage's collection) draws from: all, or with `data.ppo_shapes`
+    the families tasks at those shapes."""
+    if not cfg.data.ppo_shapes:
+        return tasks
+    picked = [t for t in tasks if t.metadata.get("shape") in cfg.data.ppo_shapes]
+    if not picked:
+        raise SystemExit(f"data.ppo_shapes {list(cfg.data.ppo_shapes)}: no training task has those shapes")
+    return picked
+
+
+def taught_tasks(tasks: list[Task], cfg: TrainConfig) -> list[Task]:
+    """The tasks rft may teach: all but PPO's own under `data.ppo_shapes`."""
+    if not cfg.data.ppo_shapes:
+        return tasks
+    kept = {t.task_id for t in ppo_tasks(tasks, cfg)}
+    return [t for t in tasks if t.task_id not in kept]
 
 
 def tasks_for_step(tasks: list[Task], cfg: TrainConfig, step: int) -> list[WorkItem]:
@@ -148,7 +169,7 @@ async def restore(run: Run) -> int:
 async def step_rollouts(run: Run, tasks: list[Task], step: int, stage: str) -> list[Trajectory]:
     """The trajectories of `step`, scored by the orchestrator as each one finishes
     (`rollouts/<stage>_<step>.jsonl`); single_turn asks for one reply that holds the solution."""
-    items = tasks_for_step(tasks, run.cfg, step)
+    items = tasks_for_step(ppo_tasks(tasks, run.cfg), run.cfg, step)
     if stage == "single_turn":
         return await run.rollouts(items, tag=f"single_turn_{step:06d}", parser=SingleTurnParser(),
                                   opening=single_turn_messages, max_turns=1)
@@ -243,8 +264,9 @@ async def collect_trajectories(run: Run, tasks: list[Task], stage: str) -> list[
     """rft: the demonstrations driven through the real tools (`data.demos`) and, unless they
     suffice, the policy's rollouts; value: the policy's rollouts."""
     cfg = run.cfg
+    pool = ppo_tasks(tasks, cfg) if stage == "value" else tasks  # the critic learns the tasks PPO draws
     items = [WorkItem(task=t, group_id=f"{t.task_id}@{stage}", samples=cfg.data.samples_per_task)
-             for t in collection_tasks(tasks, cfg)]
+             for t in collection_tasks(pool, cfg)]
     trajs: list[Trajectory] = []
     demos_given = stage == "rft" and cfg.data.demos > 0
     if demos_given:

@@ -26,7 +26,7 @@ from rl import train as train_cmd
 from rl.config import apply_overrides, load_config, save_config
 from rl.recipes import RECIPES, smoke
 from rl.selection import is_looping, rft_rejection
-from rl.stages import collection_tasks, stage_plan, tasks_for_step
+from rl.stages import collection_tasks, demonstrations, ppo_tasks, stage_plan, tasks_for_step, training_tasks
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
@@ -74,6 +74,28 @@ def test_a_collection_takes_all_tasks_or_the_capped_step_zero_draw():
     assert len(picked) == 4 and len({t.task_id for t in picked}) == 4
     assert picked == collection_tasks(tasks, capped)  # deterministic
     assert collection_tasks(tasks, apply_overrides(smoke(), ["data.collect_tasks=20"])) == tasks
+
+
+def test_ppo_shapes_split_the_families_tasks_between_rft_and_ppo():
+    cfg = apply_overrides(smoke(), ["data.family_scale=0.01", "data.ppo_shapes=[1]"])
+    tasks = training_tasks(cfg)
+    ppo, taught = ppo_tasks(tasks, cfg), {d.task.task_id for d in demonstrations(cfg)}
+    assert ppo and all(t.task_id.endswith("_s1") for t in ppo)
+    assert taught and taught.isdisjoint(t.task_id for t in ppo) and len(taught) + len(ppo) == len(tasks)
+    assert {t.metadata["family"] for t in ppo} == {"unary", "binary", "chain", "reduce", "norm"}
+    drawn = {w.task.task_id for step in range(4) for w in tasks_for_step(ppo, cfg, step)}
+    assert drawn <= {t.task_id for t in ppo}
+    everything = apply_overrides(smoke(), ["data.family_scale=0.01"])
+    assert ppo_tasks(tasks, everything) == tasks and len(demonstrations(everything)) == len(tasks)
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["data.ppo_shapes=[3]"], "bad override"),  # s3 is held out
+    (["data.tasks=demos", "data.ppo_shapes=[1]"], "needs data.tasks=families"),
+])  # fmt: skip
+def test_bad_ppo_shapes_are_a_one_line_error(overrides, says):
+    with pytest.raises((ValueError, SystemExit), match=says):
+        training_tasks(apply_overrides(smoke(), overrides))
 
 
 def _traj(reward, turns, status=Status.COMPLETED):

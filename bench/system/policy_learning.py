@@ -1,8 +1,8 @@
 """Does PPO teach a pretrained policy kernels it was never shown? PPO against a control, per seed.
 
 What it is: for each seed, one training run of the `learning` recipe from the named policy (rft on
-the teacher trajectories of all of the `rl.data.families` training split -> value pretraining ->
-PPO, with real compile, verify and profile), then the control: the same PPO stage started from the same
+the teacher trajectories of the `rl.data.families` training split but its tasks of shape s1 ->
+value pretraining -> PPO on those s1 tasks, with real compile, verify and profile), then the control: the same PPO stage started from the same
 post-value checkpoint with the actor's learning rate at 0. Such steps would move the critic
 alone, and the held-out row reads only the actor, so the control's `after_ppo` row is that of the
 post-value actor, which is the post-rft actor bit for bit (value pretraining trains the critic
@@ -72,7 +72,7 @@ SE_MULTIPLE = 2.0
 """PPO must beat the control by more than this many standard errors."""
 WALL_TARGET_S = 25 * 60.0
 """The whole benchmark (every seed, the model built from its wheel included) on one GPU."""
-CPU_FAMILIES = ["data.tasks=families", "data.family_scale=0.01", "data.heldout=true", "data.demos=3",
+CPU_FAMILIES = ["data.tasks=families", "data.family_scale=0.01", "data.heldout=true", "data.demos=3", "data.ppo_shapes=[1]",
                 "data.rft_policy_rollouts=false", "data.collect_tasks=2", "steps.rft=2", "steps.value=1",
                 "steps.ppo=1", "rollout.max_context_tokens=8192"]
 """The smoke_cpu recipe on toy-sized family tasks: the plumbing of this benchmark on a CPU."""
