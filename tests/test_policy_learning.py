@@ -258,6 +258,9 @@ def test_one_seed_of_plumbing_on_the_cpu(tmp_path: Path):
     passed = sum(r is not None and r >= 1 for rs in rft["by_task"].values() for r in rs)
     assert len(failed) == rft["trajectories"] - passed > 0 and all(f["status"] for f in failed)
     assert "Why held-out trajectories failed" in (tmp_path / "learning.md").read_text()
+    assert (seed["taught"], seed["ppo_pool"], seed["ppo_shapes"]) == (3, 27, [1])  # CPU_FAMILIES' split
+    assert "rft learnt from 3 teachers; PPO drew its steps from 27 training tasks (`data.ppo_shapes=[1]`" in (
+        tmp_path / "learning.md").read_text()
     assert (tmp_path / "learning.png").stat().st_size > 0
     control = read_rows(tmp_path / "seed0" / "control")
     assert [r.label for r in control] == ["before_ppo", "after_ppo"]

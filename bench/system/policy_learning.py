@@ -63,7 +63,7 @@ from rl.heldout import Row, append_row, expected_labels, read_rows
 from rl.heldout import enabled as heldout_enabled
 from rl.learner_client import learner_devices
 from rl.recipes import learning, smoke_cpu
-from rl.stages import demonstrations, stage_plan
+from rl.stages import demonstrations, ppo_tasks, stage_plan, training_tasks
 from rl.train import mark_run, run_training
 
 PASS_TARGET = 0.30
@@ -109,6 +109,12 @@ class SeedResult(Struct, kw_only=True):
     failures: dict[str, list[Failure]] = {}
     """The PPO run's failed held-out trajectories after rft and after PPO, with their verdicts
     (`bench.system.heldout_failures`)."""
+    taught: int = 0
+    """Teachers rft learnt from (`rl.stages.demonstrations`)."""
+    ppo_pool: int = 0
+    """Training tasks PPO drew its steps from (`rl.stages.ppo_tasks`)."""
+    ppo_shapes: list[int] = []
+    """The recipe's `data.ppo_shapes`: the shapes left to PPO, untaught ([]: every training task)."""
 
 
 def seed_configs(base: TrainConfig, out: Path, seed: int, overrides: list[str]) -> tuple[TrainConfig, TrainConfig]:
@@ -146,7 +152,9 @@ def seed_result(seed: int, ppo: TrainConfig, control: TrainConfig, wall_s: float
     """What a seed's two run directories hold."""
     return SeedResult(seed=seed, ppo=_by_label(ppo.run_dir), control=_by_label(control.run_dir), wall_s=wall_s,
                       ppo_steps=ppo_steps(ppo.run_dir), heldout_new=heldout_new(ppo.run_dir),
-                      failures={label: failures(ppo.run_dir, label) for label in FAILURE_ROWS})
+                      failures={label: failures(ppo.run_dir, label) for label in FAILURE_ROWS},
+                      taught=len(teachers(ppo)), ppo_pool=len(ppo_tasks(training_tasks(ppo), ppo)),
+                      ppo_shapes=list(ppo.data.ppo_shapes))
 
 
 def heldout_new(run_dir: str | Path) -> dict[str, str]:
@@ -348,6 +356,11 @@ def markdown(results: list[SeedResult], policy: str, v: dict[str, Any]) -> str:
              ("| seed | before rft | after rft | after PPO | control (actor lr 0) | PPO - control "
               "| tasks PPO scores higher / lower | wall s |"),
              "|---|---|---|---|---|---|---|---|"]
+    if results and results[0].ppo_pool:
+        first = results[0]
+        split = f" (`data.ppo_shapes={first.ppo_shapes}`: untaught)" if first.ppo_shapes else ""
+        lines[2:2] = [f"rft learnt from {first.taught} teachers; PPO drew its steps from {first.ppo_pool} training "
+                      f"tasks{split}.", ""]
     for r in results:
         cells = [_cell(r.ppo.get("before_rft")), _cell(r.ppo.get("after_rft")), _cell(r.ppo.get("after_ppo")),
                  _cell(r.control.get("after_ppo"))]
