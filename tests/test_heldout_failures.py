@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import orjson
+import msgspec
 
+from agentcore.types import Status, Timings, Trajectory
 from bench.system.heldout_failures import Failure, failures, markdown_lines, reason_line
 
 TRACEBACK = """trial 0: Traceback (most recent call last):
@@ -29,23 +30,30 @@ def test_the_reason_is_the_error_line_the_named_cuda_error_or_the_first_line():
     assert reason_line("") == "" and len(reason_line("x" * 1000)) == 160
 
 
-def write_rollouts(run_dir, label, rows):
+def trajectory(task_id, reward, info=None, status=Status.TRUNCATED_TURNS, error=None):
+    return Trajectory(trajectory_id=f"{task_id}/0/x", task_id=task_id, group_id=f"{task_id}@heldout", sample_index=0,
+                      prompt_ids=[1], response_ids=[2], logprobs=[0.0], loss_mask=[1], turns=[], status=status,
+                      weight_version_min=0, weight_version_max=0, timings=Timings(), error=error, reward=reward,
+                      reward_info=info or {})
+
+
+def write_rollouts(run_dir, label, trajs):
+    """As the run's store writes them, the last one cut by a killed writer."""
     path = run_dir / "rollouts" / f"heldout_{label}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows) + b'{"task_id": "cut')
+    path.write_bytes(b"".join(msgspec.json.encode(t) + b"\n" for t in trajs) + b'{"trajectory_id": "cut')
 
 
 def test_failures_are_the_trajectories_below_a_pass_with_their_verdicts(tmp_path):
     write_rollouts(tmp_path, "after_rft", [
-        {"task_id": "fam_binary_add_row_s3", "reward": -1.0,
-         "reward_info": {"status": "runtime_error", "message": TRACEBACK}},
-        {"task_id": "fam_unary_relu_s3", "reward": 2.0, "reward_info": {"status": "ok", "message": "12 trials passed"}},
-        {"task_id": "fam_unary_mish_s1", "reward": None, "status": "truncated_context", "error": "context full"},
+        trajectory("fam_binary_add_row_s3", -1.0, {"status": "runtime_error", "message": TRACEBACK}),
+        trajectory("fam_unary_relu_s3", 2.0, {"status": "ok", "message": "12 trials passed"}),
+        trajectory("fam_unary_mish_s1", None, status=Status.TRUNCATED_LENGTH, error="context full"),
     ])
     found = failures(tmp_path, "after_rft")
     assert [(f.task_id, f.status) for f in found] == [("fam_binary_add_row_s3", "runtime_error"),
-                                                       ("fam_unary_mish_s1", "truncated_context")]
-    assert found[1].reason == "context full"
+                                                       ("fam_unary_mish_s1", "truncated_length")]
+    assert found[0].reason.startswith("RuntimeError: binary_forward") and found[1].reason == "context full"
     assert failures(tmp_path, "after_ppo") == []
 
 

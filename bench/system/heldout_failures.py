@@ -18,8 +18,9 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-import orjson
 from msgspec import Struct
+
+from agentcore.store import read_trajectories
 
 REASON_CHARS = 160
 _ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception)\b.*:|: error:|error: ")
@@ -50,21 +51,14 @@ def reason_line(message: str) -> str:
 
 def failures(run_dir: str | Path, label: str) -> list[Failure]:
     """The failed trajectories of the held-out evaluation `label` of a run ([] without its file;
-    a line cut by a killed run is skipped)."""
-    path = Path(run_dir) / "rollouts" / f"heldout_{label}.jsonl"
+    `agentcore.store.read_trajectories` skips a line cut by a killed run)."""
     found = []
-    for line in path.read_bytes().splitlines() if path.exists() else []:
-        try:
-            traj = orjson.loads(line)
-        except orjson.JSONDecodeError:
+    for traj in read_trajectories(Path(run_dir) / "rollouts" / f"heldout_{label}.jsonl"):
+        if traj.reward is not None and traj.reward >= 1.0:
             continue
-        reward = traj.get("reward")
-        if isinstance(reward, (int, float)) and reward >= 1.0:
-            continue
-        info = traj.get("reward_info") or {}
-        status = str(info.get("status") or traj.get("status") or "unscored")
-        message = str(info.get("message") or traj.get("error") or "")
-        found.append(Failure(task_id=str(traj.get("task_id", "?")), status=status, reason=reason_line(message)))
+        status = str(traj.reward_info.get("status") or traj.status.value)
+        message = str(traj.reward_info.get("message") or traj.error or "")
+        found.append(Failure(task_id=traj.task_id, status=status, reason=reason_line(message)))
     return found
 
 
