@@ -130,10 +130,7 @@ def ppo_tasks(tasks: list[Task], cfg: TrainConfig) -> list[Task]:
 
 def taught_tasks(tasks: list[Task], cfg: TrainConfig) -> list[Task]:
     """The tasks rft may teach: all but PPO's own under `data.ppo_shapes`."""
-    if not cfg.data.ppo_shapes:
-        return tasks
-    kept = {t.task_id for t in ppo_tasks(tasks, cfg)}
-    return [t for t in tasks if t.task_id not in kept]
+    return [t for t in tasks if t.metadata.get("shape") not in cfg.data.ppo_shapes]
 
 
 def tasks_for_step(tasks: list[Task], cfg: TrainConfig, step: int) -> list[WorkItem]:

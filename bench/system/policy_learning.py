@@ -350,17 +350,16 @@ def _reward(row: Row) -> float:
 
 
 def markdown(results: list[SeedResult], policy: str, v: dict[str, Any]) -> str:
-    lines = [f"# Held-out learning: {policy}", "",
-             ("Held-out mean reward / pass rate per seed (rewards: -1 failed, 1 correct, 2 faster than eager, "
-              "3 also than torch.compile)."), "",
-             ("| seed | before rft | after rft | after PPO | control (actor lr 0) | PPO - control "
-              "| tasks PPO scores higher / lower | wall s |"),
-             "|---|---|---|---|---|---|---|---|"]
-    if results and results[0].ppo_pool:
-        first = results[0]
+    lines = [f"# Held-out learning: {policy}", ""]
+    if results and (first := results[0]).ppo_pool:
         split = f" (`data.ppo_shapes={first.ppo_shapes}`: untaught)" if first.ppo_shapes else ""
-        lines[2:2] = [f"rft learnt from {first.taught} teachers; PPO drew its steps from {first.ppo_pool} training "
-                      f"tasks{split}.", ""]
+        lines += [f"rft learnt from {first.taught} teachers; PPO drew its steps from {first.ppo_pool} training "
+                  f"tasks{split}.", ""]
+    lines += [("Held-out mean reward / pass rate per seed (rewards: -1 failed, 1 correct, 2 faster than eager, "
+               "3 also than torch.compile)."), "",
+              ("| seed | before rft | after rft | after PPO | control (actor lr 0) | PPO - control "
+               "| tasks PPO scores higher / lower | wall s |"),
+              "|---|---|---|---|---|---|---|---|"]
     for r in results:
         cells = [_cell(r.ppo.get("before_rft")), _cell(r.ppo.get("after_rft")), _cell(r.ppo.get("after_ppo")),
                  _cell(r.control.get("after_ppo"))]
