@@ -70,6 +70,10 @@ class LayoutConfig(Struct, frozen=True, kw_only=True):
     """Run the learner on CPU (gloo) - tests and the CPU smoke variant."""
     port_base: int = 0
     """First HTTP port of the learner ranks (rank r listens on port_base + r); 0 = pick free."""
+    learner_memory_share: Annotated[float, msgspec.Meta(gt=0, le=1)] = 1.0
+    """The share of its GPU's memory each learner rank may hold (its engine's included). Below 1 when
+    runs share a GPU: at its share, a rank's caching allocator gives back what it caches before it
+    asks for more, instead of keeping memory the other runs need."""
 
 
 class EngineSection(Struct, frozen=True, kw_only=True):

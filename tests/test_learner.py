@@ -1,7 +1,13 @@
 """The learner rank's torch side at world size 1 on CPU: an update of each kind, the optional KL
-penalty against a frozen reference, and weight publishing into an engine-shaped model."""
+penalty against a frozen reference, and weight publishing into an engine-shaped model; on a GPU,
+the cap on a rank's memory."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -106,3 +112,35 @@ def test_keeping_gathered_weights_after_forward_changes_no_update(dist):
         results.append(([m["sft_loss" if "sft_loss" in m else "policy_loss"] for m in metrics], weights))
     assert results[0][0] == pytest.approx(results[1][0], rel=1e-6)
     torch.testing.assert_close(results[0][1], results[1][1])
+
+
+_CAPPED = """
+import torch
+from rl.learner.rank import limit_memory
+
+dev = torch.device("cuda:0")
+total = torch.cuda.get_device_properties(dev).total_memory
+limit_memory(dev, 0.05)
+a = torch.empty(int(0.03 * total), dtype=torch.uint8, device=dev)
+del a  # cached by the allocator, not given back
+b = torch.empty(int(0.035 * total), dtype=torch.uint8, device=dev)  # does not fit the cached block
+print("reserved", torch.cuda.memory_reserved(dev) / total)
+try:
+    torch.empty(int(0.06 * total), dtype=torch.uint8, device=dev)
+    print("past the cap")
+except torch.OutOfMemoryError:
+    print("refused")
+"""
+
+
+@pytest.mark.gpu
+def test_a_capped_rank_gives_back_its_cache_before_passing_its_share_and_never_passes_it():
+    # In a child process: the cap lasts for the process, and the other GPU tests here need the whole GPU.
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", _CAPPED], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    reserved = float(out.stdout.split("reserved ")[1].split()[0])
+    assert 0.035 <= reserved <= 0.05  # the 3% block went back so the 3.5% one fits under the 5% cap
+    assert "refused" in out.stdout

@@ -27,7 +27,7 @@ from bench.system.policy_learning import (
     share_demonstrations,
     verdicts,
 )
-from rl.config import apply_overrides
+from rl.config import apply_overrides, load_config
 from rl.data import families
 from rl.heldout import Row, append_row, read_rows
 from rl.recipes import learning, smoke, smoke_cpu
@@ -286,6 +286,13 @@ def test_gpus_are_indices_among_the_gpus_this_process_sees(monkeypatch):
         child_device("2")
 
 
+def test_seeds_sharing_a_gpu_split_ninety_percent_of_its_memory():
+    from bench.system.policy_learning import memory_share
+
+    assert memory_share(["0", "0", "0"], "0") == 0.3
+    assert memory_share(["0", "1", "1"], "0") == 0.9 and memory_share(["0", "1", "1"], "1") == 0.45
+
+
 @pytest.mark.slow
 def test_seeds_run_at_once_one_child_per_gpu(tmp_path: Path):
     # Two "GPUs" that are only CUDA_VISIBLE_DEVICES values: the children run on the CPU.
@@ -299,6 +306,7 @@ def test_seeds_run_at_once_one_child_per_gpu(tmp_path: Path):
     for seed in (0, 1):
         log = (tmp_path / f"seed{seed}" / "seed.log").read_text()
         assert f"seed {seed}: CUDA_VISIBLE_DEVICES={seed}" in log  # each child sees its own GPU
+        assert load_config(tmp_path / f"seed{seed}" / "ppo").layout.learner_memory_share == 0.9  # a GPU of its own
         stamps = re.findall(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ", log, re.MULTILINE)
         spans.append((stamps[0], stamps[-1]))
     assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]  # the two seeds ran at the same time

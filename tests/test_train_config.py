@@ -98,6 +98,13 @@ def test_bad_ppo_shapes_are_a_one_line_error(overrides, says):
         training_tasks(apply_overrides(smoke(), overrides))
 
 
+@pytest.mark.parametrize("share", ["0", "1.5", "-0.2"])
+def test_a_learner_memory_share_outside_0_to_1_names_the_key(share):
+    assert apply_overrides(smoke(), ["layout.learner_memory_share=0.3"]).layout.learner_memory_share == 0.3
+    with pytest.raises(ValueError, match="learner_memory_share"):
+        apply_overrides(smoke(), [f"layout.learner_memory_share={share}"])
+
+
 def _traj(reward, turns, status=Status.COMPLETED):
     return Trajectory(
         trajectory_id="a/0/x", task_id="a", group_id="a", sample_index=0, prompt_ids=[1], response_ids=[2],

@@ -19,7 +19,8 @@ at once, one child process per entry (`python -m bench.system.policy_learning --
 CUDA_VISIBLE_DEVICES set to its GPU, so its learner, engine and GPU queue all live there; its output
 in OUT/seed<K>/seed.log). An entry may repeat: `--gpus 0,0,0` runs three seeds at once on one GPU,
 whose small policy leaves it mostly idle; the GPU queues' machine-wide locks keep every timing job
-alone on it (`rewards.queue.gpu_lock`), while the other seeds' engines and learners still share it.
+alone on it (`rewards.queue.gpu_lock`), while the other seeds' engines and learners still share it,
+each learner capped at an even share of 90% of its memory (`memory_share`).
 The teachers' trajectories are scripted and every seed starts from the same weights, so seeds that
 draw the same teachers (all of them, in `learning`) share seed 0's teacher collection
 (`rollouts/rft_demos.jsonl`, copied; the run resumes past it) and its greedy before-rft row: a seed
@@ -533,7 +534,9 @@ async def _seeds_on_gpus(policy: str, seeds: int, out: Path, overrides: list[str
                      "is there" if shared_parts_ready(base, out, overrides, k) else "did not come (seed 0 ended)")
         for seed in range(k, seeds, len(gpus)):
             t0 = time.monotonic()
-            code = await _child(policy, seed, out, [*overrides, f"layout.port_base={PORT_BASE + 16 * k}"], cpu, gpu)
+            lane_sets = [f"layout.port_base={PORT_BASE + 16 * k}",
+                         f"layout.learner_memory_share={memory_share(gpus, gpu)}"]
+            code = await _child(policy, seed, out, [*lane_sets, *overrides], cpu, gpu)
             if code:
                 log.error("seed %d on GPU %s exited with %d; see %s", seed, gpu, code, _seed_log(out, seed))
             ppo, control = seed_configs(base, out, seed, overrides)
@@ -562,6 +565,13 @@ async def _child(policy: str, seed: int, out: Path, overrides: list[str], cpu: b
         done = await anyio.run_process(argv, stdout=f, stderr=f, check=False,
                                        env=dict(os.environ, CUDA_VISIBLE_DEVICES=visible))
     return done.returncode
+
+
+def memory_share(gpus: list[str], gpu: str) -> float:
+    """The share of `gpu`'s memory each of the seeds running on it at once may hold: 90% split
+    evenly, the rest left to their GPU queues' workers. Without a cap, three seeds' learners on one
+    H200 kept 74, 45 and 19 GiB cached after rft's first updates, and the third ran out of memory."""
+    return round(0.9 / gpus.count(gpu), 3)
 
 
 def child_device(gpu: str) -> str:
@@ -610,7 +620,7 @@ def _write(out: Path, policy: str, results: list[SeedResult], wall_s: float | No
 
 
 __all__ = ["PpoStep", "SeedResult", "base_config", "child_device", "control_rows", "main_policy", "main_seed", "mean_se",
-           "ppo_steps", "run_seed", "seed_configs", "share_demonstrations", "shared_base_row", "verdicts"]
+           "memory_share", "ppo_steps", "run_seed", "seed_configs", "share_demonstrations", "shared_base_row", "verdicts"]
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ class Learner:
         self.actor_updates += kind != "value"  # a value step trains the critic only
         metrics["train_s"] = time.perf_counter() - t0
         metrics["lr_actor"] = float(self.actor_opt.param_groups[0]["lr"])
-        return metrics | self._throughput(kind, samples, metrics)
+        return metrics | self._throughput(kind, samples, metrics) | _memory(device)
 
     def _throughput(self, kind: str, samples: list[Sample], metrics: dict[str, float]) -> dict[str, float]:
         """tokens/s of the update (all ranks) and, on a GPU of the peak table, its MFU (rl.learner.perf)."""
@@ -212,3 +212,14 @@ def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def _memory(device: torch.device) -> dict[str, float]:
+    """GiB this rank's process held on its GPU at most since the previous update (the update's own
+    peak, or its engine's between updates) and caches now; the peak restarts here."""
+    if device.type != "cuda":
+        return {}
+    out = {"gpu_peak_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+           "gpu_reserved_gib": torch.cuda.memory_reserved(device) / 2**30}
+    torch.cuda.reset_peak_memory_stats(device)
+    return out

@@ -320,6 +320,16 @@ async def serve(rank: Rank, port: int) -> None:
         tg.cancel_scope.cancel()
 
 
+def limit_memory(device: torch.device, share: float) -> None:
+    """Cap what this process may hold on `device` at `share` of its memory. An allocation past the
+    cap first frees the allocator's cached blocks and retries, so a rank that shares its GPU with
+    other runs keeps only what it uses; with share 1 nothing changes."""
+    if device.type == "cuda" and share < 1:
+        torch.cuda.set_per_process_memory_fraction(share, device)
+        log.info("memory: at most %.0f%% of %s (%.1f GiB)", 100 * share, device,
+                 share * torch.cuda.get_device_properties(device).total_memory / 2**30)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rl.learner.rank")
     p.add_argument("--run-dir", required=True)
@@ -331,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(a.run_dir)
     cfg = load_config(run_dir)
     dist = init_distributed()
+    limit_memory(dist.device, cfg.layout.learner_memory_share)
     if dist.device.type == "cpu":
         torch.set_num_threads(max(1, torch.get_num_threads() // dist.world_size))
     learner = Learner.build(cfg, dist)
