@@ -110,7 +110,9 @@ def learning() -> TrainConfig:
     the held-out trained-op tasks failed by template errors at the new shape, while the mixed groups
     of PPO's steps differed only by sampling slips (garbled identifiers, a misnamed file) that greedy
     decoding never makes: PPO could not reach what the held-out rows fail on. At a shape rft did not
-    show, the policy's own errors are those of a new shape."""
+    show, the policy's own errors are those of a new shape: with this split (run 18, H200) PPO fixed
+    held-out kernels that failed at the new shape (row add and sub launching more than 1,024 threads
+    per block, a mean reduction that did not compile) and broke as many others in its 3 steps."""
     base = smoke()
     return msgspec.structs.replace(base, recipe="learning", run_dir="runs/learning",
                                    data=msgspec.structs.replace(base.data, ppo_shapes=(1,)))
