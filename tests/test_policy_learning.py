@@ -18,6 +18,7 @@ from bench.system.policy_learning import (
     changed_tasks,
     control_rows,
     heldout_new,
+    learner_memory,
     main_policy,
     markdown,
     mean_se,
@@ -321,6 +322,17 @@ def test_the_report_gives_the_whole_runs_wall_time_against_its_target():
     assert "the whole run: 26.5 min (target <= 25 min): NOT met" in markdown(results, "smollm2-135m", slow)
 
 
+def test_the_report_gives_each_learners_most_gpu_memory_from_its_updates(tmp_path):
+    lines = [{"step": 0, "stage": "rft", "train/gpu_peak_gib": 17.5, "train/gpu_reserved_gib": 30.0},
+             {"step": 1, "stage": "rft", "train/gpu_peak_gib": 19.25, "train/gpu_reserved_gib": 24.0},
+             {"step": 2, "stage": "ppo", "rollout/reward_mean": 0.5}]
+    (tmp_path / "metrics.jsonl").write_bytes(b"\n".join(orjson.dumps(m) for m in lines) + b"\n")
+    assert learner_memory(tmp_path) == [19.25, 30.0]
+    result = msgspec.structs.replace(_seed(0, 0.4, 0.5, 0.1), memory_gib=learner_memory(tmp_path))
+    text = markdown([result, _seed(1, 0.4, 0.5, 0.1)], "smollm2-135m", verdicts([result]))
+    assert "- each learner on its GPU at most, GiB allocated / cached: seed 0 19.2 / 30.0\n" in text
+
+
 def test_the_report_lists_each_seeds_ppo_steps_from_its_metrics(tmp_path):
     lines = [{"step": 3, "stage": "rft", "train/sft_loss": 1.0},
              {"step": 4, "stage": "ppo", "rollout/reward_mean": -0.25, "rollout/pass_rate": 0.375,
@@ -331,6 +343,7 @@ def test_the_report_lists_each_seeds_ppo_steps_from_its_metrics(tmp_path):
     steps = ppo_steps(tmp_path)  # the cut last line of a killed run is skipped
     assert [(s.step, s.reward_mean, s.reward_reach) for s in steps] == [(4, -0.25, 1.0), (5, 0.5, 0.5)]
     assert ppo_steps(tmp_path / "missing") == []
+    assert learner_memory(tmp_path) == []  # no update on a GPU
     result = msgspec.structs.replace(_seed(0, 0.4, 0.5, 0.1), ppo_steps=steps)
     text = markdown([result, _seed(1, 0.4, 0.5, 0.1)], "smollm2-135m", verdicts([result]))
     assert "| 0 | -0.250 / 38% | +0.500 / 75% | 0.75 | 38% | 0.030 |" in text and "| 1 | - | - | - | - | - |" in text

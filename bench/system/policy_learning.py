@@ -116,6 +116,9 @@ class SeedResult(Struct, kw_only=True):
     """Training tasks PPO drew its steps from (`rl.stages.ppo_tasks`)."""
     ppo_shapes: list[int] = []
     """The recipe's `data.ppo_shapes`: the shapes left to PPO, untaught ([]: every training task)."""
+    memory_gib: list[float] = []
+    """The PPO run's learner on its GPU, at most over its updates: [peak allocated, cached] GiB
+    (`train/gpu_peak_gib`, `train/gpu_reserved_gib`); [] on a CPU or before the first update."""
 
 
 def seed_configs(base: TrainConfig, out: Path, seed: int, overrides: list[str]) -> tuple[TrainConfig, TrainConfig]:
@@ -155,7 +158,7 @@ def seed_result(seed: int, ppo: TrainConfig, control: TrainConfig, wall_s: float
                       ppo_steps=ppo_steps(ppo.run_dir), heldout_new=heldout_new(ppo.run_dir),
                       failures={label: failures(ppo.run_dir, label) for label in FAILURE_ROWS},
                       taught=len(teachers(ppo)), ppo_pool=len(ppo_tasks(training_tasks(ppo), ppo)),
-                      ppo_shapes=list(ppo.data.ppo_shapes))
+                      ppo_shapes=list(ppo.data.ppo_shapes), memory_gib=learner_memory(ppo.run_dir))
 
 
 def heldout_new(run_dir: str | Path) -> dict[str, str]:
@@ -167,15 +170,31 @@ def heldout_new(run_dir: str | Path) -> dict[str, str]:
         return {}
 
 
-def ppo_steps(run_dir: str | Path) -> list[PpoStep]:
-    """The PPO steps a run's metrics.jsonl records (none where it is missing)."""
+def _metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """A run's metrics.jsonl, line by line (none where it is missing; a line cut by a killed run skipped)."""
     path = Path(run_dir) / "metrics.jsonl"
-    steps = []
+    lines = []
     for line in path.read_bytes().splitlines() if path.exists() else []:
         try:
-            m = orjson.loads(line)
-        except orjson.JSONDecodeError:  # a line cut by a killed run
+            lines.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
             continue
+    return lines
+
+
+def learner_memory(run_dir: str | Path) -> list[float]:
+    """[peak allocated, cached] GiB of the run's learner at most over its updates; [] without them."""
+    seen = [m for m in _metrics(run_dir) if "train/gpu_peak_gib" in m]
+    if not seen:
+        return []
+    return [max(float(m["train/gpu_peak_gib"]) for m in seen),
+            max(float(m.get("train/gpu_reserved_gib", 0.0)) for m in seen)]
+
+
+def ppo_steps(run_dir: str | Path) -> list[PpoStep]:
+    """The PPO steps a run's metrics.jsonl records (none where it is missing)."""
+    steps = []
+    for m in _metrics(run_dir):
         if m.get("stage") == "ppo" and "rollout/reward_mean" in m:
             steps.append(PpoStep(step=int(m["step"]), reward_mean=float(m["rollout/reward_mean"]),
                                  pass_rate=float(m.get("rollout/pass_rate", math.nan)),
@@ -383,6 +402,8 @@ def markdown(results: list[SeedResult], policy: str, v: dict[str, Any]) -> str:
     if v.get("wall_s") is not None:
         lines.append(f"- the whole run: {v['wall_s'] / 60:.1f} min (target <= {WALL_TARGET_S / 60:.0f} min): "
                      f"{'met' if v['wall_target_met'] else 'NOT met'}")
+    if memory := [f"seed {r.seed} {r.memory_gib[0]:.1f} / {r.memory_gib[1]:.1f}" for r in results if r.memory_gib]:
+        lines.append("- each learner on its GPU at most, GiB allocated / cached: " + ", ".join(memory))
     lines += _by_new_lines(results)
     trained = {t for r in results for t, kind in r.heldout_new.items() if kind in NEW_GROUPS[0][1]}
     lines += failure_lines(((r.seed, r.failures) for r in results), trained)
@@ -619,8 +640,9 @@ def _write(out: Path, policy: str, results: list[SeedResult], wall_s: float | No
     return v
 
 
-__all__ = ["PpoStep", "SeedResult", "base_config", "child_device", "control_rows", "main_policy", "main_seed", "mean_se",
-           "memory_share", "ppo_steps", "run_seed", "seed_configs", "share_demonstrations", "shared_base_row", "verdicts"]
+__all__ = ["PpoStep", "SeedResult", "base_config", "child_device", "control_rows", "learner_memory", "main_policy",
+           "main_seed", "mean_se", "memory_share", "ppo_steps", "run_seed", "seed_configs", "share_demonstrations",
+           "shared_base_row", "verdicts"]
 
 
 if __name__ == "__main__":
