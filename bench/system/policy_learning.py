@@ -63,6 +63,7 @@ from rl.heldout import FILE as HELDOUT_FILE
 from rl.heldout import Row, append_row, expected_labels, read_rows
 from rl.heldout import enabled as heldout_enabled
 from rl.learner_client import learner_devices
+from rl.metrics import read_metrics
 from rl.recipes import learning, smoke_cpu
 from rl.stages import demonstrations, ppo_tasks, stage_plan, training_tasks
 from rl.train import mark_run, run_training
@@ -170,21 +171,9 @@ def heldout_new(run_dir: str | Path) -> dict[str, str]:
         return {}
 
 
-def _metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """A run's metrics.jsonl, line by line (none where it is missing; a line cut by a killed run skipped)."""
-    path = Path(run_dir) / "metrics.jsonl"
-    lines = []
-    for line in path.read_bytes().splitlines() if path.exists() else []:
-        try:
-            lines.append(orjson.loads(line))
-        except orjson.JSONDecodeError:
-            continue
-    return lines
-
-
 def learner_memory(run_dir: str | Path) -> list[float]:
     """[peak allocated, cached] GiB of the run's learner at most over its updates; [] without them."""
-    seen = [m for m in _metrics(run_dir) if "train/gpu_peak_gib" in m]
+    seen = [m for m in read_metrics(run_dir) if "train/gpu_peak_gib" in m]
     if not seen:
         return []
     return [max(float(m["train/gpu_peak_gib"]) for m in seen),
@@ -194,7 +183,7 @@ def learner_memory(run_dir: str | Path) -> list[float]:
 def ppo_steps(run_dir: str | Path) -> list[PpoStep]:
     """The PPO steps a run's metrics.jsonl records (none where it is missing)."""
     steps = []
-    for m in _metrics(run_dir):
+    for m in read_metrics(run_dir):
         if m.get("stage") == "ppo" and "rollout/reward_mean" in m:
             steps.append(PpoStep(step=int(m["step"]), reward_mean=float(m["rollout/reward_mean"]),
                                  pass_rate=float(m.get("rollout/pass_rate", math.nan)),
