@@ -467,6 +467,38 @@ def test_comparison_checks_shape_dtype_non_finite_and_integers():
     assert is_constant(torch.zeros(5)) and not is_constant(torch.arange(5.0))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_the_cheap_tolerance_check_passes_exactly_what_check_output_passes(dtype, monkeypatch):
+    import rewards.verify.compare as compare
+
+    monkeypatch.setattr(compare, "CHUNK", 3)  # several chunks: a far value in the last one still counts
+    ref = torch.tensor([1.0, float("inf"), float("-inf"), float("nan"), -2.0, 0.0, 5.0], dtype=dtype)
+    far = 0.5 if dtype is not torch.bfloat16 else 1.0
+    cases = {
+        "same": ref.clone(),
+        "within": ref + torch.tensor([0.01, 0, 0, 0, -0.02, 0.005, 0.04], dtype=dtype),
+        "far in the last chunk": ref + torch.tensor([0, 0, 0, 0, 0, 0, far], dtype=dtype),
+        "NaN for a finite": torch.where(torch.arange(7) == 4, float("nan"), ref).to(dtype),
+        "inf for a finite": torch.where(torch.arange(7) == 0, float("inf"), ref).to(dtype),
+        "a finite for inf": torch.where(torch.arange(7) == 1, 1e4, ref).to(dtype),
+        "-inf for inf": torch.where(torch.arange(7) == 1, float("-inf"), ref).to(dtype),
+        "a finite for NaN": torch.where(torch.arange(7) == 3, 0.0, ref).to(dtype),
+    }
+    for name, out in cases.items():
+        passes = check_output(out, ref, atol=0.1, rtol=0.01).status is S.OK
+        assert compare.within_tolerance(out, ref, atol=0.1, rtol=0.01) == passes, name
+    assert compare.within_tolerance(ref, ref) and not compare.within_tolerance(ref[:3], ref)
+    assert not compare.within_tolerance(ref.double() if dtype is not torch.float64 else ref.float(), ref)
+
+
+def test_the_cheap_tolerance_check_is_exact_for_integers():
+    from rewards.verify.compare import within_tolerance
+
+    assert within_tolerance(torch.tensor([3, 4]), torch.tensor([3, 4]))
+    assert not within_tolerance(torch.tensor([3, 4]), torch.tensor([3, 5]), atol=10.0, rtol=1.0)
+    assert not within_tolerance(torch.tensor([True]), torch.tensor([False]))
+
+
 def test_precision_error_separates_fp16_rounding_from_fp32_noise():
     ref = torch.randn(10_000, dtype=torch.float64)
     fp32 = ref.float()
