@@ -145,6 +145,10 @@ class DataConfig(Struct, frozen=True, kw_only=True):
     split's new shapes ask: after rft on every teacher, the held-out failures of trained ops were
     template errors at the new shape, while PPO's groups on taught tasks differed only by slips of
     sampling. Empty: rft teaches every training task and PPO draws from all of them."""
+    dynamic_tasks: Annotated[int, msgspec.Meta(ge=0)] = 0
+    """Dynamic sampling (`rl.dynamic_sampling`): a PPO step whose groups are not `tasks_per_step`
+    mixed ones (rewards that differ) draws up to this many more tasks of PPO's pool, and learns from
+    the mixed groups alone. 0: off, every usable sample is learnt from."""
     seed: int = 0
     """Seed of the task order (the data position is the step)."""
 

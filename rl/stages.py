@@ -45,6 +45,7 @@ from agentcore.orchestrator import WorkItem
 from agentcore.rollout import RolloutConfig
 from agentcore.tasks import load_tasks
 from agentcore.types import Status, Task, Trajectory
+from rl import dynamic_sampling
 from rl.config import TrainConfig
 from rl.data import families
 from rl.demonstrations import DemoTask, demo_engine, demo_tasks
@@ -165,12 +166,16 @@ async def restore(run: Run) -> int:
 
 async def step_rollouts(run: Run, tasks: list[Task], step: int, stage: str) -> list[Trajectory]:
     """The trajectories of `step`, scored by the orchestrator as each one finishes
-    (`rollouts/<stage>_<step>.jsonl`); single_turn asks for one reply that holds the solution."""
-    items = tasks_for_step(ppo_tasks(tasks, run.cfg), run.cfg, step)
+    (`rollouts/<stage>_<step>.jsonl`); single_turn asks for one reply that holds the solution. Under
+    `data.dynamic_tasks` a PPO step also rolls out more tasks until enough groups are mixed
+    (`rl.dynamic_sampling`)."""
+    pool = ppo_tasks(tasks, run.cfg)
+    items = tasks_for_step(pool, run.cfg, step)
     if stage == "single_turn":
         return await run.rollouts(items, tag=f"single_turn_{step:06d}", parser=SingleTurnParser(),
                                   opening=single_turn_messages, max_turns=1)
-    return await run.rollouts(items, tag=f"ppo_{step:06d}")
+    trajs = await run.rollouts(items, tag=f"ppo_{step:06d}")
+    return await dynamic_sampling.topped_up(run, pool, step, items, trajs) if run.cfg.data.dynamic_tasks else trajs
 
 
 class Background(Generic[T]):
@@ -195,9 +200,13 @@ class Background(Generic[T]):
         self.seconds = time.perf_counter() - t0
 
 
-def usable_samples(trajs: list[Trajectory], version: int, max_staleness: int) -> list[Sample]:
+def usable_samples(trajs: list[Trajectory], version: int, max_staleness: int, *,
+                   mixed_only: bool = False) -> list[Sample]:
     """Scored trajectories sampled by weights at most `max_staleness` versions behind `version`
-    (0: strictly on-policy), as learner samples."""
+    (0: strictly on-policy), as learner samples; with `mixed_only` (dynamic sampling) those of
+    groups whose rewards differ."""
+    if mixed_only:
+        trajs = dynamic_sampling.learning_trajectories(trajs)
     return [
         sample_from_trajectory(t) for t in trajs
         if t.reward is not None and t.status not in UNUSABLE and t.response_ids
@@ -382,6 +391,9 @@ def step_row(run: Run, stage: Stage, step: int, *, trajs: list[Trajectory] | Non
     if trajs is not None:
         figures = step_metrics(trajs, max_response_tokens=run.cfg.rollout.max_context_tokens, current_version=version)
         row |= {f"rollout/{k}": v for k, v in figures.items()} | {"samples": len(samples)}
+        groups = {t.group_id for t in trajs}  # dynamic sampling draws more of them
+        row |= {"rollout/groups": len(groups),
+                "rollout/mixed_groups": len(dynamic_sampling.mixed_groups(trajs)) / max(len(groups), 1)}
         row |= {"time/train_s": 0.0, "time/weight_sync_s": 0.0}  # stay 0 when no sample was usable
         row |= run.env_statistics() | lag_metrics(run.loop_lag.take("step"))
     if stage.name == "rft" and collection is not None:

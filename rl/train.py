@@ -135,7 +135,8 @@ async def train(run: Run) -> list[dict]:
                 if stage.name in stages.ROLLOUT_STAGES:  # roll out; the orchestrator scores each trajectory
                     trajs = prefetch.result if prefetch else await stages.step_rollouts(run, tasks, step, stage.name)
                     times["time/rollout_s"] = time.perf_counter() - t_step
-                    samples = stages.usable_samples(trajs, version, cfg.max_staleness)
+                    samples = stages.usable_samples(trajs, version, cfg.max_staleness,
+                                                    mixed_only=cfg.data.dynamic_tasks > 0)
                     sync = True
                 else:  # a batch of the stage's one collection
                     if collection is None:

@@ -338,7 +338,7 @@ def test_the_report_lists_each_seeds_ppo_steps_from_its_metrics(tmp_path):
              {"step": 4, "stage": "ppo", "rollout/reward_mean": -0.25, "rollout/pass_rate": 0.375,
               "train/reward_reach": 1.0, "train/mixed_groups": 0.5, "train/entropy": 0.02},
              {"step": 5, "stage": "ppo", "rollout/reward_mean": 0.5, "rollout/pass_rate": 0.75, "train/reward_reach": 0.5,
-              "train/mixed_groups": 0.25, "train/entropy": 0.04}]
+              "train/mixed_groups": 1.0, "rollout/mixed_groups": 0.25, "rollout/groups": 8, "train/entropy": 0.04}]
     (tmp_path / "metrics.jsonl").write_bytes(b"\n".join(orjson.dumps(m) for m in lines) + b"\n{\"step\": 6, \"sta")
     steps = ppo_steps(tmp_path)  # the cut last line of a killed run is skipped
     assert [(s.step, s.reward_mean, s.reward_reach) for s in steps] == [(4, -0.25, 1.0), (5, 0.5, 0.5)]
@@ -346,4 +346,7 @@ def test_the_report_lists_each_seeds_ppo_steps_from_its_metrics(tmp_path):
     assert learner_memory(tmp_path) == []  # no update on a GPU
     result = msgspec.structs.replace(_seed(0, 0.4, 0.5, 0.1), ppo_steps=steps)
     text = markdown([result, _seed(1, 0.4, 0.5, 0.1)], "smollm2-135m", verdicts([result]))
-    assert "| 0 | -0.250 / 38% | +0.500 / 75% | 0.75 | 38% | 0.030 |" in text and "| 1 | - | - | - | - | - |" in text
+    # the rollout's share of mixed groups where the run logs it (dynamic sampling learns from mixed groups alone)
+    assert [(s.mixed_groups, s.groups) for s in steps] == [(0.5, None), (0.25, 8)]
+    assert "| 0 | -0.250 / 38% | +0.500 / 75% | 0.75 | 38% | 8 | 0.030 |" in text
+    assert "| 1 | - | - | - | - | - | - |" in text

@@ -71,7 +71,8 @@ def child(task: str, way: str, device: str, repeats: int) -> dict:
                     outs.append(out)
                     inputs = None  # the inputs go once the call returns, as in the child
                 tol = tolerance_for(outs[1].dtype)
-                scale = {} if tol is None else {"atol": tol.atol * AFTER_CHECK_SCALE, "rtol": tol.rtol * AFTER_CHECK_SCALE}
+                scale = ({} if tol is None else
+                         {"atol": tol.atol * AFTER_CHECK_SCALE, "rtol": tol.rtol * AFTER_CHECK_SCALE})
                 if way == "within":
                     ms, ok = timed(within_tolerance, outs[0], outs[1], **scale)
                 else:
@@ -103,7 +104,8 @@ def summary(result: dict) -> dict:
 
 
 def table(results: list[dict]) -> str:
-    rows = ["| task | way | first check ms (inputs / forward / compare) | steady ms | compare vs float64: first, steady |",
+    rows = ["| task | way | first check ms (inputs / forward / compare) | steady ms "
+            "| compare vs float64: first, steady |",
             "|---|---|---|---|---|"]
     base = {r["task"]: summary(r) for r in results if r["way"] == "float64"}
     for r in results:

@@ -93,7 +93,10 @@ class PpoStep(Struct, frozen=True, kw_only=True):
     reward_mean: float
     pass_rate: float
     reward_reach: float | None = None  # the reward's weight on each sample's first action (rl.learner.update)
-    mixed_groups: float | None = None  # the share of samples whose group's rewards differ (rl.learner.update)
+    mixed_groups: float | None = None
+    """The share of the step's groups whose rewards differ (`rollout/mixed_groups`, every group rolled out,
+    dynamic sampling's included); runs before it: the share of samples learnt from (`train/mixed_groups`)."""
+    groups: int | None = None  # groups rolled out (`rollout/groups`): more than tasks_per_step under dynamic sampling
     entropy: float | None = None  # the policy's mean entropy per action token, nats
 
 
@@ -187,8 +190,9 @@ def ppo_steps(run_dir: str | Path) -> list[PpoStep]:
         if m.get("stage") == "ppo" and "rollout/reward_mean" in m:
             steps.append(PpoStep(step=int(m["step"]), reward_mean=float(m["rollout/reward_mean"]),
                                  pass_rate=float(m.get("rollout/pass_rate", math.nan)),
-                                 reward_reach=m.get("train/reward_reach"), mixed_groups=m.get("train/mixed_groups"),
-                                 entropy=m.get("train/entropy")))
+                                 reward_reach=m.get("train/reward_reach"),
+                                 mixed_groups=m.get("rollout/mixed_groups", m.get("train/mixed_groups")),
+                                 groups=m.get("rollout/groups"), entropy=m.get("train/entropy")))
     return steps
 
 
@@ -398,15 +402,17 @@ def markdown(results: list[SeedResult], policy: str, v: dict[str, Any]) -> str:
     lines += failure_lines(((r.seed, r.failures) for r in results), trained)
     if steps := max((len(r.ppo_steps) for r in results), default=0):
         lines += ["", "PPO steps on the training split (rollout mean reward / pass rate), and over the steps: the "
-                      "reward's weight on each sample's first action (`train/reward_reach`), the share of samples "
-                      "whose group's rewards differ (`train/mixed_groups`), the policy's entropy per action token:", "",
+                      "reward's weight on each sample's first action (`train/reward_reach`), the share of groups "
+                      "whose rewards differ (`rollout/mixed_groups`), the groups rolled out a step (more than the "
+                      "step's tasks under dynamic sampling), the policy's entropy per action token:", "",
                   "| seed | " + " | ".join(f"step {k + 1}" for k in range(steps)) + " | reward reach | mixed groups "
-                  "| entropy |",
-                  "|---" * (steps + 4) + "|"]
+                  "| groups | entropy |",
+                  "|---" * (steps + 5) + "|"]
         for r in results:
             cells = [f"{x.reward_mean:+.3f} / {100 * x.pass_rate:.0f}%" for x in r.ppo_steps]
             cells += ["-"] * (steps - len(cells))
-            for field, form in (("reward_reach", "{:.3g}"), ("mixed_groups", "{:.0%}"), ("entropy", "{:.3f}")):
+            for field, form in (("reward_reach", "{:.3g}"), ("mixed_groups", "{:.0%}"), ("groups", "{:.3g}"),
+                                ("entropy", "{:.3f}")):
                 values = [getattr(x, field) for x in r.ppo_steps if getattr(x, field) is not None]
                 cells.append(form.format(statistics.fmean(values)) if values else "-")
             lines.append(f"| {r.seed} | " + " | ".join(cells) + " |")
