@@ -69,3 +69,32 @@ def test_the_report_counts_statuses_per_row_and_lists_the_trained_op_tasks_faile
     assert "- seed 0, `fam_binary_add_row_s3`: runtime_error: CUDA error cudaErrorInvalidValue" in text
     assert "mish" not in text.split("and why:")[1]
     assert markdown_lines([(0, {"after_rft": []})], trained=set()) == []
+
+
+def ppo_sample(task_id, step, k, reward, info=None):
+    return msgspec.structs.replace(trajectory(task_id, reward, info, status=Status.COMPLETED),
+                                   trajectory_id=f"{task_id}/{k}/x", group_id=f"{task_id}@{step}", sample_index=k)
+
+
+def test_ppo_failures_are_the_failing_samples_of_mixed_groups_in_every_round_of_a_step(tmp_path):
+    from bench.system.heldout_failures import ppo_failures, ppo_markdown_lines
+
+    axis = {"status": "runtime_error", "message": TRACEBACK}
+    rollouts = tmp_path / "rollouts"
+    rollouts.mkdir()
+    step = [ppo_sample("fam_binary_add_row_s1", 63, 0, 1.0), ppo_sample("fam_binary_add_row_s1", 63, 1, -1.0, axis),
+            ppo_sample("fam_unary_relu_s1", 63, 0, -1.0, axis), ppo_sample("fam_unary_relu_s1", 63, 1, -1.0, axis)]
+    more = [ppo_sample("fam_binary_sub_col_s1", 63, 0, 2.0), ppo_sample("fam_binary_sub_col_s1", 63, 1, 1.0),
+            ppo_sample("fam_reduce_sum_s1", 63, 0, -1.0, {"status": "compile_error", "message": "a.cu(3): error: x"}),
+            ppo_sample("fam_reduce_sum_s1", 63, 1, 3.0)]
+    (rollouts / "ppo_000063.jsonl").write_bytes(b"".join(msgspec.json.encode(t) + b"\n" for t in step))
+    (rollouts / "ppo_000063_more1.jsonl").write_bytes(b"".join(msgspec.json.encode(t) + b"\n" for t in more))
+    (rollouts / "heldout_after_ppo.jsonl").write_bytes(msgspec.json.encode(step[1]) + b"\n")  # not PPO's
+    found = ppo_failures(tmp_path)
+    # the uniform relu group taught nothing; the sub group is mixed but both samples passed
+    assert sorted((f.task_id, f.status) for f in found) == [("fam_binary_add_row_s1", "runtime_error"),
+                                                            ("fam_reduce_sum_s1", "compile_error")]
+    text = "\n".join(ppo_markdown_lines([(0, found), (1, [])]))
+    assert "| seed | compile_error | runtime_error |" in text and "| 0 | 1 | 1 |" in text and "\n| 1 | " not in text
+    assert "- 1 x runtime_error: RuntimeError: binary_forward: b must be a contiguous float32 CUDA vector" in text
+    assert ppo_markdown_lines([(0, [])]) == [] and ppo_failures(tmp_path / "none") == []

@@ -1,4 +1,4 @@
-"""Why held-out trajectories failed: the verdict of each one, read from a run's rollouts.
+"""Why held-out trajectories, and PPO's failing samples, failed: verdicts read from a run's rollouts.
 
 What it is: `failures(run_dir, label)` reads `rollouts/heldout_<label>.jsonl` of a training run
 (written by `rl.heldout.evaluate`) and returns one `Failure` per trajectory that did not pass
@@ -6,6 +6,8 @@ What it is: `failures(run_dir, label)` reads `rollouts/heldout_<label>.jsonl` of
 hack, ...) and one line of the verdict's message that says why. `markdown_lines` turns the
 failures of several seeds into the learning report's section: failed trajectories by status per
 row, and each failed task of trained ops after rft (what PPO could still gain) with its reason.
+`ppo_failures(run_dir)` gives the failing samples of PPO's groups of mixed rewards (what its updates
+pushed down), and `ppo_markdown_lines` their most common reasons over the seeds.
 What it is not: a judge; it reports the verdicts the final evaluation gave.
 
     rows = failures("runs/learning/seed0/ppo", "after_rft")
@@ -21,6 +23,8 @@ from pathlib import Path
 from msgspec import Struct
 
 from agentcore.store import read_trajectories
+from agentcore.types import Trajectory
+from rl.dynamic_sampling import mixed_groups
 
 REASON_CHARS = 160
 _ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception)\b.*:|: error:|error: ")
@@ -52,14 +56,40 @@ def reason_line(message: str) -> str:
 def failures(run_dir: str | Path, label: str) -> list[Failure]:
     """The failed trajectories of the held-out evaluation `label` of a run ([] without its file;
     `agentcore.store.read_trajectories` skips a line cut by a killed run)."""
-    found = []
-    for traj in read_trajectories(Path(run_dir) / "rollouts" / f"heldout_{label}.jsonl"):
-        if traj.reward is not None and traj.reward >= 1.0:
-            continue
-        status = str(traj.reward_info.get("status") or traj.status.value)
-        message = str(traj.reward_info.get("message") or traj.error or "")
-        found.append(Failure(task_id=traj.task_id, status=status, reason=reason_line(message)))
-    return found
+    trajs = read_trajectories(Path(run_dir) / "rollouts" / f"heldout_{label}.jsonl")
+    return [_failure(t) for t in trajs if t.reward is None or t.reward < 1.0]
+
+
+def ppo_failures(run_dir: str | Path) -> list[Failure]:
+    """The samples below reward 1 in PPO's groups of mixed rewards (`rollouts/ppo_*.jsonl`, dynamic
+    sampling's rounds included): the answers PPO's updates pushed down against their group's."""
+    trajs = [t for path in sorted((Path(run_dir) / "rollouts").glob("ppo_*.jsonl")) for t in read_trajectories(path)]
+    mixed = mixed_groups(trajs)
+    return [_failure(t) for t in trajs if t.group_id in mixed and t.reward is not None and t.reward < 1.0]
+
+
+def _failure(traj: Trajectory) -> Failure:
+    status = str(traj.reward_info.get("status") or traj.status.value)
+    message = str(traj.reward_info.get("message") or traj.error or "")
+    return Failure(task_id=traj.task_id, status=status, reason=reason_line(message))
+
+
+def ppo_markdown_lines(seeds: Iterable[tuple[int, list[Failure]]], top: int = 8) -> list[str]:
+    """The report's section on PPO's failing samples: per seed their count by verdict status, then
+    the `top` most common reasons over the seeds, with how many samples gave each."""
+    seeds = [(seed, fs) for seed, fs in seeds if fs]
+    if not seeds:
+        return []
+    statuses = sorted({f.status for _, fs in seeds for f in fs})
+    lines = ["", "Why PPO's failing samples failed (reward below 1 in groups of mixed rewards: what its updates "
+                 "pushed down):", "", "| seed | " + " | ".join(statuses) + " |", "|---" * (1 + len(statuses)) + "|"]
+    for seed, fs in seeds:
+        counts = Counter(f.status for f in fs)
+        lines.append(f"| {seed} | " + " | ".join(str(counts[s]) for s in statuses) + " |")
+    common = Counter((f.status, f.reason) for _, fs in seeds for f in fs).most_common(top)
+    lines += ["", "Their most common reasons over the seeds:", ""]
+    lines += [f"- {n} x {status}: {reason.replace('|', '/')}" for (status, reason), n in common]
+    return lines
 
 
 def markdown_lines(seeds: Iterable[tuple[int, dict[str, list[Failure]]]], trained: Iterable[str]) -> list[str]:
@@ -83,4 +113,4 @@ def markdown_lines(seeds: Iterable[tuple[int, dict[str, list[Failure]]]], traine
     return lines
 
 
-__all__ = ["Failure", "failures", "markdown_lines", "reason_line"]
+__all__ = ["Failure", "failures", "markdown_lines", "ppo_failures", "ppo_markdown_lines", "reason_line"]

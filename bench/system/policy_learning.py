@@ -56,7 +56,7 @@ import orjson
 from msgspec import Struct
 
 from agentcore import runtime
-from bench.system.heldout_failures import Failure, failures
+from bench.system.heldout_failures import Failure, failures, ppo_failures, ppo_markdown_lines
 from bench.system.heldout_failures import markdown_lines as failure_lines
 from rl.config import TrainConfig, apply_overrides
 from rl.heldout import FILE as HELDOUT_FILE
@@ -114,6 +114,8 @@ class SeedResult(Struct, kw_only=True):
     failures: dict[str, list[Failure]] = {}
     """The PPO run's failed held-out trajectories after rft and after PPO, with their verdicts
     (`bench.system.heldout_failures`)."""
+    ppo_failures: list[Failure] = []
+    """The PPO run's failing samples in groups of mixed rewards (`heldout_failures.ppo_failures`)."""
     taught: int = 0
     """Teachers rft learnt from (`rl.stages.demonstrations`)."""
     ppo_pool: int = 0
@@ -161,6 +163,7 @@ def seed_result(seed: int, ppo: TrainConfig, control: TrainConfig, wall_s: float
     return SeedResult(seed=seed, ppo=_by_label(ppo.run_dir), control=_by_label(control.run_dir), wall_s=wall_s,
                       ppo_steps=ppo_steps(ppo.run_dir), heldout_new=heldout_new(ppo.run_dir),
                       failures={label: failures(ppo.run_dir, label) for label in FAILURE_ROWS},
+                      ppo_failures=ppo_failures(ppo.run_dir),
                       taught=len(teachers(ppo)), ppo_pool=len(ppo_tasks(training_tasks(ppo), ppo)),
                       ppo_shapes=list(ppo.data.ppo_shapes), memory_gib=learner_memory(ppo.run_dir))
 
@@ -416,6 +419,7 @@ def markdown(results: list[SeedResult], policy: str, v: dict[str, Any]) -> str:
                 values = [getattr(x, field) for x in r.ppo_steps if getattr(x, field) is not None]
                 cells.append(form.format(statistics.fmean(values)) if values else "-")
             lines.append(f"| {r.seed} | " + " | ".join(cells) + " |")
+    lines += ppo_markdown_lines((r.seed, r.ppo_failures) for r in results)
     return "\n".join([*lines, ""])
 
 
