@@ -499,6 +499,14 @@ def test_the_cheap_tolerance_check_is_exact_for_integers():
     assert not within_tolerance(torch.tensor([True]), torch.tensor([False]))
 
 
+def test_the_cheap_tolerance_check_leaves_a_dtype_without_isclose_to_check_output():
+    from rewards.verify.compare import within_tolerance
+
+    ref = torch.randn(8).to(torch.float8_e4m3fn)
+    assert not within_tolerance(ref, ref.clone())  # no verdict here, not a failure
+    assert check_output(ref, ref.clone()).status is S.OK
+
+
 def test_precision_error_separates_fp16_rounding_from_fp32_noise():
     ref = torch.randn(10_000, dtype=torch.float64)
     fp32 = ref.float()
