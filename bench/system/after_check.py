@@ -40,10 +40,10 @@ def child(task: str, way: str, device: str, repeats: int) -> dict:
     import torch
 
     from rewards.timing import baselines
-    from rewards.timing.profile_child import AFTER_CHECK_SCALE
+    from rewards.timing.profile_child import after_check_tolerance
     from rewards.verdict import VerdictStatus
     from rewards.verify import fused
-    from rewards.verify.compare import check_output, tolerance_for, within_tolerance
+    from rewards.verify.compare import check_output, within_tolerance
 
     def timed(fn, *args, **kwargs):
         if device == "cuda":
@@ -70,9 +70,7 @@ def child(task: str, way: str, device: str, repeats: int) -> dict:
                     steps["forward"] += ms
                     outs.append(out)
                     inputs = None  # the inputs go once the call returns, as in the child
-                tol = tolerance_for(outs[1].dtype)
-                scale = ({} if tol is None else
-                         {"atol": tol.atol * AFTER_CHECK_SCALE, "rtol": tol.rtol * AFTER_CHECK_SCALE})
+                scale = after_check_tolerance(outs[1].dtype)
                 if way == "within":
                     ms, ok = timed(within_tolerance, outs[0], outs[1], **scale)
                 else:
@@ -84,13 +82,13 @@ def child(task: str, way: str, device: str, repeats: int) -> dict:
 
 
 def _source(task: str) -> str:
+    from bench.kernelbench.problems import read_problems
     from rl.data.kernelbench import default_problems_path
 
-    for line in default_problems_path().read_text().splitlines():
-        problem = json.loads(line)
-        if problem.get("name") == task:
-            return problem["code"]
-    raise SystemExit(f"--tasks: no KernelBench problem named {task!r} in {default_problems_path()}")
+    path = default_problems_path()
+    if code := next((p.code for p in read_problems(path) if p.name == task), None):
+        return code
+    raise SystemExit(f"--tasks: no KernelBench problem named {task!r} in {path}")
 
 
 def summary(result: dict) -> dict:

@@ -219,13 +219,22 @@ AFTER_CHECK_INPUTS = (1_000_003, 1_000_004)  # input sets no timed call drew (th
 AFTER_CHECK_SCALE = 10.0  # times the verifier's tolerance: this looks for other work, not precision
 
 
+def after_check_tolerance(dtype) -> dict[str, float]:
+    """The after-timing check's atol and rtol for outputs of `dtype`: `AFTER_CHECK_SCALE` times the
+    verifier's ({} for the exact dtypes)."""
+    from rewards.verify.compare import tolerance_for
+
+    tol = tolerance_for(dtype)
+    return {} if tol is None else {"atol": tol.atol * AFTER_CHECK_SCALE, "rtol": tol.rtol * AFTER_CHECK_SCALE}
+
+
 def after_timing_check(candidate, eager: PairedCall, make_inputs) -> str:
     """What the candidate computes after (some of) its timed calls, on two fresh input sets,
     against the reference (`eager`, in its math mode): '' when it still does the task's work, else
     why not. The verifier saw the candidate's first calls only; one that counts its calls (a static
     counter in its binding, a `__device__` global) could compute something cheaper once timed."""
     from rewards.verdict import VerdictStatus
-    from rewards.verify.compare import check_output, tolerance_for, within_tolerance
+    from rewards.verify.compare import check_output, within_tolerance
 
     for index in AFTER_CHECK_INPUTS:
         # each draw reseeds: both calls get the same inputs and the same RNG state after them
@@ -240,8 +249,7 @@ def after_timing_check(candidate, eager: PairedCall, make_inputs) -> str:
                 continue
             if not isinstance(out, torch.Tensor):
                 return f"output {k} is a {type(out).__name__} after the timed calls"
-            tol = tolerance_for(ref.dtype)
-            scale = {} if tol is None else {"atol": tol.atol * AFTER_CHECK_SCALE, "rtol": tol.rtol * AFTER_CHECK_SCALE}
+            scale = after_check_tolerance(ref.dtype)
             if within_tolerance(out, ref, **scale):  # the usual answer, without the float64 path's cost
                 continue
             check = check_output(out, ref, **scale)
