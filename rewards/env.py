@@ -30,7 +30,7 @@ import logging
 import shutil
 import subprocess
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Literal
@@ -172,18 +172,20 @@ class RewardsKernelEnv:
         outcome = await self.time(workspace, task, prepared.build)
         return to_profile_result(outcome)
 
-    async def time(self, workspace: Path, task: Task, build: Build, *, paired: bool = False) -> Profile:
+    async def time(self, workspace: Path, task: Task, build: Build, *, paired: bool = False,
+                   gate: Callable[[], Awaitable[bool]] | None = None) -> Profile:
         """A profile job for a built workspace. Unpaired (the agent's tool): the task's baselines
         are measured once per env and sent back after. Paired (the final evaluation): all three
         timed together in the candidate's process; the reference's Inductor artifacts, recorded
-        by the first job of the task that compiled it, go with later requests."""
+        by the first job of the task that compiled it, go with later requests. `gate`: the job
+        prepares beside other jobs and times only if it says True (`GpuQueue.submit`)."""
         key = task_sha256(task.source)
         if paired and self.config.profile.compile_cache:
             await self._compile_reference(task, key)
         outcome = await profile_workspace(self._queue(), workspace, task, build.artifact.so_path,
                                           config=self.config.profile, deadline_s=self.config.job_deadline_s,
                                           baselines=None if paired else self.baselines.get(key), paired=paired,
-                                          compile_cache=self._compile_cache(key) if paired else b"")
+                                          compile_cache=self._compile_cache(key) if paired else b"", gate=gate)
         if outcome.baselines is not None:
             self.baselines[key] = outcome.baselines
         if outcome.compile_cache:
@@ -215,12 +217,14 @@ class RewardsKernelEnv:
             self.compile_caches.move_to_end(key)
         return self.compile_caches.get(key, b"")
 
-    async def final_verdict(self, workspace: Path, task: Task, build: Build, *, inline: bool = False) -> Verdict:
+    async def final_verdict(self, workspace: Path, task: Task, build: Build, *, inline: bool = False,
+                            running: anyio.Event | None = None) -> Verdict:
         """Final-mode verification of a built workspace (rewards.evaluate); `inline`: a
-        single-file solution, run on the default stream (VerifyConfig.harness_stream)."""
+        single-file solution, run on the default stream (VerifyConfig.harness_stream). `running`
+        is set once its job has a lane."""
         config = self._verify_config(harness_stream="default") if inline else self._verify_config()
         verdict = await verify_workspace(self._queue(), workspace, task, build.artifact.so_path, "final",
-                                         config=config, deadline_s=self.config.job_deadline_s)
+                                         config=config, deadline_s=self.config.job_deadline_s, running=running)
         return msgspec.structs.replace(verdict, rules=self.config.rules)  # crashes and timeouts too
 
     def _verify_config(self, **changes) -> VerifyConfig:

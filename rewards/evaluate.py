@@ -4,7 +4,8 @@ What it is: `FinalEvaluator.score(trajectory, tools, task)` copies the agent's s
 of the workspace into a fresh directory (`snapshot_solution`), adds model.py from the task and the
 fixed files from agentcore's assets, then runs the static checks, the build, final-mode
 verification and paired profiling through a `RewardsKernelEnv` (candidate, eager and
-torch.compile timed together in one process: `rewards.timing.paired`), and scores the result with
+torch.compile timed together in one process: `rewards.timing.paired`; the profile job starts
+beside the verification and times only if it passed, `EvaluateConfig.overlap`), and scores the result with
 `rewards.reward.score_paired` (`rewards.reward.score` with `paired=False`). A single-file
 KernelBench solution (model_new.py calling `load_inline`) is converted by
 `rewards.inline.prepare` first. Every failure of the candidate (a hack, no build, a
@@ -54,6 +55,10 @@ class EvaluateConfig(Struct, frozen=True, kw_only=True):
     timed: bool = True
     """False: a verified solution scores milestone 1 without a profile job (scripted teachers,
     whose reward only has to be > 0; a timing job has its GPU alone and is the queue's slow part)."""
+    overlap: bool = True
+    """Paired: start the profile job once the verify job has a lane, so that its reference compile
+    and build run beside the verification; it times only if the verification passed (its gate,
+    `GpuQueue.submit`), else it is withdrawn. False: the profile job after the verdict."""
 
 
 def _read_regular(path: Path) -> bytes | None:
@@ -136,18 +141,58 @@ class FinalEvaluator:
         """Verify and profile a checked, built snapshot (raises NoGpuError without a GPU)."""
         if prepared.verdict is not None:
             return score(prepared.verdict, None, None, None, self.config.reward)
-        verdict = await self.env.final_verdict(snapshot, task, prepared.build, inline=prepared.inline)
+        c = self.config
+        if c.timed and c.paired and c.overlap:
+            verdict, timed = await self._overlapped(snapshot, task, prepared)
+        else:
+            verdict = await self.env.final_verdict(snapshot, task, prepared.build, inline=prepared.inline)
+            timed = None
         verdict = with_notes(verdict, prepared.notes)
-        scored = await self._verified(snapshot, task, prepared, verdict)
+        scored = await self._verified(snapshot, task, prepared, verdict, timed)
         return msgspec.structs.replace(scored, breakdown=scored.breakdown | verify_times(verdict))
 
-    async def _verified(self, snapshot: Path, task: Task, prepared: Prepared, verdict: Verdict) -> Score:
-        """The Score of a snapshot its verify job judged: failed, untimed, or timed by a profile job."""
+    async def _overlapped(self, snapshot: Path, task: Task, prepared: Prepared) -> tuple[Verdict, Profile | None]:
+        """The verify job and, once it has a lane, the paired profile job beside it, gated on its
+        verdict: the profile's reference compile and build overlap the verification, its timing
+        waits for a pass. The Profile is None when the verdict came first and failed."""
+        verdicts: list[Verdict] = []
+        running, judged = anyio.Event(), anyio.Event()
+
+        async def verify() -> None:
+            try:
+                verdicts.append(await self.env.final_verdict(snapshot, task, prepared.build, inline=prepared.inline,
+                                                             running=running))
+            finally:
+                judged.set()
+                running.set()
+
+        async def passed() -> bool:
+            await judged.wait()
+            return bool(verdicts) and verdicts[0].ok
+
+        timed = None
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(verify)
+                await running.wait()  # a gated job must not hold a lane its verification still waits for
+                if not judged.is_set() or (verdicts and verdicts[0].ok):
+                    timed = await self.env.time(snapshot, task, prepared.build, paired=True, gate=passed)
+        except BaseExceptionGroup as group:  # callers catch what they know (NoGpuError), as without overlap
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
+        return verdicts[0], timed
+
+    async def _verified(self, snapshot: Path, task: Task, prepared: Prepared, verdict: Verdict,
+                        timed: Profile | None = None) -> Score:
+        """The Score of a snapshot its verify job judged: failed, untimed, or timed by a profile
+        job (`timed`, when it ran beside the verification)."""
         if not verdict.ok:
             return score(verdict, None, None, None, self.config.reward)
         if not self.config.timed:
             return score_untimed(verdict, self.config.reward)
-        timed = await self.env.time(snapshot, task, prepared.build, paired=self.config.paired)
+        if timed is None:
+            timed = await self.env.time(snapshot, task, prepared.build, paired=self.config.paired)
         return self._scored(verdict, timed)
 
     def _scored(self, verdict: Verdict, timed: Profile) -> Score:

@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import anyio
@@ -93,6 +94,20 @@ def staged_sleep(payload, ctx):
     time.sleep(tail)
     return (f"{alone_at - waited - prepare} {alone_at} {shared_at} {time.time()} {waited} "
             f"{ctx.gpu_alone is not None}").encode()
+
+def staged_gated(payload, ctx):
+    """Prepares (sleeps `payload` s), asks for its GPU alone: 'timed', or 'withdrawn: <why>'."""
+    import time
+
+    from rewards.queue.jobs import GpuWithdrawn
+
+    time.sleep(float(payload.decode()))
+    try:
+        ctx.gpu_alone()
+    except GpuWithdrawn as exc:
+        ctx.gpu_shared()  # nothing to give back: a no-op
+        return f"withdrawn: {exc}".encode()
+    return b"timed"
 '''
 
 
@@ -123,8 +138,9 @@ def config(tmp_path, outside_dir, monkeypatch) -> GpuQueueConfig:
         handlers={"spawn": "queue_test_handlers:spawn", "shout": "queue_test_handlers:shout",
                   "compile_sum": "queue_test_handlers:compile_sum", "torch_threads": "queue_test_handlers:torch_threads",
                   "timed_sleep": "rewards.queue.jobs:sleep",  # not a shared kind: has its GPU alone
-                  "staged_sleep": "queue_test_handlers:staged_sleep", "staged_silent": "rewards.queue.jobs:sleep"},
-        staged_kinds=("staged_sleep", "staged_silent"),  # prepare beside the shared jobs, then have the GPU alone
+                  "staged_sleep": "queue_test_handlers:staged_sleep", "staged_silent": "rewards.queue.jobs:sleep",
+                  "staged_gated": "queue_test_handlers:staged_gated"},
+        staged_kinds=("staged_sleep", "staged_silent", "staged_gated"),  # prepare beside the shared jobs, then time alone
     )
 
 
@@ -553,6 +569,72 @@ async def test_a_staged_jobs_wait_for_its_gpu_is_not_counted_in_its_deadline(con
         late = await queue.submit(staged_job(0.1, 5.0, deadline_s=1.0))  # over its deadline alone
     assert result.status is JobStatus.OK and staged(result).waited > 1.0
     assert late.status is JobStatus.TIMEOUT
+
+
+async def test_a_staged_job_its_gate_refuses_is_withdrawn_and_never_has_its_gpu_alone(config):
+    """A final evaluation's profile job prepares beside its verification; the verification fails,
+    so the gate says no when the job asks: it ends at once, withdrawn, and its worker lives on."""
+    async with GpuQueue(shared_gpu(config)) as queue, anyio.create_task_group() as tg:
+        runs = Runs(queue, tg)
+        runs.start("verify", "sleep", 0.6)
+        assert await eventually(lambda: busy_lanes(queue) == 1)
+        asked = []
+
+        async def failed() -> bool:
+            asked.append(time.time())
+            await eventually(lambda: "verify" in runs.results, 10.0)
+            return False
+
+        gated = Job(job_id=f"job-{next(_ids)}", kind="staged_gated", payload=b"0.1")
+        result = await queue.submit(gated, gate=failed)
+        after = await queue.submit(job("sleep", SleepArgs(seconds=0.01)))
+    assert result.status is JobStatus.WITHDRAWN and "withdrawn" in result.error
+    assert result.value.startswith(b"withdrawn: ") and result.alone_s == 0.0
+    assert asked and asked[0] < runs.spans()["verify"].ended  # it prepared and asked while the verification ran
+    assert after.status is JobStatus.OK and queue.statistics().restarts == 0
+
+
+async def test_a_staged_jobs_wait_for_its_gate_is_not_counted_in_its_deadline(config):
+    async with GpuQueue(shared_gpu(config)) as queue:
+        async def passed_late() -> bool:
+            await anyio.sleep(1.5)
+            return True
+
+        result = await queue.submit(staged_job(0.1, 0.2, deadline_s=1.0), gate=passed_late)
+    mine = staged(result)
+    assert result.status is JobStatus.OK and mine.asked and mine.waited > 1.4
+    assert result.alone_s == pytest.approx(0.2, abs=0.15)
+
+
+async def test_a_job_that_cannot_start_before_its_gate_waits_for_it_without_a_lane(config):
+    """A timing job of a kind that is not staged has its GPU alone from the start: its gate is
+    asked before it takes a lane, and a no withdraws it before it runs."""
+    async with GpuQueue(one_lane(config)) as queue:
+        refused = await queue.submit(job("timed_sleep", SleepArgs(seconds=0.01)), gate=_says(False))
+        given = await queue.submit(job("timed_sleep", SleepArgs(seconds=0.01)), gate=_says(True))
+    assert refused.status is JobStatus.WITHDRAWN and refused.worker_pid == 0 and "before it ran" in refused.error
+    assert given.status is JobStatus.OK and given.alone_s > 0.0
+    assert queue.statistics().kinds["timed_sleep"].jobs == 1
+
+
+async def test_running_is_set_once_the_job_has_a_lane(config):
+    async with GpuQueue(one_lane(config)) as queue, anyio.create_task_group() as tg:
+        runs = Runs(queue, tg)
+        first, second = anyio.Event(), anyio.Event()
+        runs.start("first", "sleep", 0.5, running=first)
+        await first.wait()
+        runs.start("second", "sleep", 0.01, running=second)
+        await anyio.sleep(0.2)
+        assert not second.is_set()  # the one lane is still the first job's
+        await second.wait()
+        assert "first" in runs.results
+
+
+def _says(answer: bool):
+    async def gate() -> bool:
+        return answer
+
+    return gate
 
 
 async def test_a_staged_job_has_its_gpu_alone_from_another_queues_jobs(config):

@@ -17,6 +17,7 @@ import time
 import types
 from pathlib import Path
 
+import anyio
 import msgspec
 import pytest
 
@@ -327,7 +328,7 @@ async def test_an_untimed_final_evaluation_verifies_and_never_asks_for_a_profile
     timing must not be reached."""
 
     class VerifyingEnv:
-        async def final_verdict(self, snapshot, task, build, inline=None):
+        async def final_verdict(self, snapshot, task, build, inline=None, running=None):
             return OK
 
         async def time(self, *args, **kwargs):
@@ -741,7 +742,7 @@ class _JudgingEnv:
     def __init__(self, verdict: Verdict, timed: Profile | None = None) -> None:
         self.verdict, self.timed = verdict, timed
 
-    async def final_verdict(self, snapshot, task, build, inline=None):
+    async def final_verdict(self, snapshot, task, build, inline=None, running=None):
         return self.verdict
 
     async def time(self, *args, **kwargs):
@@ -766,6 +767,54 @@ async def test_a_final_evaluation_records_where_its_verify_job_spent_its_time(tm
     assert (info["breakdown.verify_ms.spawn"], info["breakdown.verify_ms.trials"]) == (410.0, 820.4), info
     assert ("breakdown.profile_held_s" in info) == (case == "timed"), info
     assert info["untimed"] == (case == "untimed") and (info["reward"] > 0) == (case != "failed"), info
+
+
+class _OverlappingEnv:
+    """The GPU edge faked, in time: the verify job waits for a lane, then judges for a while; the
+    profile job prepares at once and asks its gate before it would time."""
+
+    def __init__(self, verdict: Verdict, timed: Profile) -> None:
+        self.verdict, self.timed, self.events = verdict, timed, []
+
+    async def final_verdict(self, snapshot, task, build, inline=None, running=None):
+        await anyio.sleep(0.05)  # waiting for a lane
+        self.events.append("verify has a lane")
+        if running is not None:
+            running.set()
+        await anyio.sleep(0.2)
+        self.events.append("verdict")
+        return self.verdict
+
+    async def time(self, snapshot, task, build, *, paired=False, gate=None):
+        self.events.append("profile prepares")
+        if gate is not None:
+            given = await gate()
+            self.events.append(f"gate {given}")
+            if not given:
+                return Profile(ok=False, message="not profiled: withdrawn")
+        return self.timed
+
+
+@pytest.mark.parametrize("passes", [True, False])
+async def test_the_profile_job_prepares_beside_its_verification_and_times_only_a_pass(tmp_path, passes):
+    verdict = OK if passes else Verdict(status=VerdictStatus.WRONG_OUTPUT, message="off by 3")
+    timing = paired_timing(speedup(1.3, 1.25, 1.35), speedup(1.2, 1.15, 1.25))
+    env = _OverlappingEnv(verdict, Profile(ok=True, candidate=timing.fastest("candidate").timing, paired=timing))
+    prepared = types.SimpleNamespace(verdict=None, build=None, inline=None, notes=())
+    scored = await FinalEvaluator(env).evaluate_prepared(tmp_path, types.SimpleNamespace(task_id="t"), prepared)
+    assert env.events == ["verify has a lane", "profile prepares", "verdict", f"gate {passes}"]
+    assert (scored.reward, scored.milestone) == ((3.0, 3) if passes else (-1.0, None)), scored
+    if not passes:
+        assert scored.verdict.message == "off by 3"
+
+
+async def test_without_overlap_the_profile_job_starts_after_the_verdict(tmp_path):
+    timing = paired_timing(speedup(1.3, 1.25, 1.35), speedup(1.2, 1.15, 1.25))
+    env = _OverlappingEnv(OK, Profile(ok=True, candidate=timing.fastest("candidate").timing, paired=timing))
+    prepared = types.SimpleNamespace(verdict=None, build=None, inline=None, notes=())
+    scored = await FinalEvaluator(env, EvaluateConfig(overlap=False)).evaluate_prepared(
+        tmp_path, types.SimpleNamespace(task_id="t"), prepared)
+    assert env.events == ["verify has a lane", "verdict", "profile prepares"] and scored.reward == 3.0
 
 
 async def test_a_verdict_that_never_reached_the_gpu_records_no_verify_job(tmp_path):

@@ -154,8 +154,8 @@ class _Recorded:
         self.queue, self.gpu = queue, gpu
         self.result: JobResult | None = None
 
-    async def submit(self, job: Job) -> JobResult:
-        self.result = await self.queue.submit(job, gpu=self.gpu)
+    async def submit(self, job: Job, **hooks) -> JobResult:
+        self.result = await self.queue.submit(job, gpu=self.gpu, **hooks)
         return self.result
 
 

@@ -19,8 +19,11 @@ Per task it reports milestone agreement (k of N with the modal milestone), the s
 (max / min over runs), the median interval width and the inconclusive count; targets: paired
 agreement at least 9 of 10 on every task, paired spread at most 1.05 where the old spread is 1.5
 or more. The cost, in the same run: verify (quick and final) and profile job wall times of the
-level-1 problem 1 demo (NOTES.md has the figures to compare with) and the paired profile job of every
-task (the timing part of a final evaluation; no level-3 demo exists to verify).
+level-1 problem 1 demo (NOTES.md has the figures to compare with), the paired profile job of every
+task (the timing part of a final evaluation; no level-3 demo exists to verify), and that demo's
+whole final evaluation (`rewards.evaluate.FinalEvaluator.evaluate_prepared`: verify, then paired
+profile) two ways, alternated: the profile job after the verdict, and beside the verification
+(`EvaluateConfig.overlap`; the queue has two lanes so that it can start).
 
 Output: DIR/task_<name>.json per task, DIR/cost.json, and DIR/reward_stability.{json,md} over every
 task file in DIR, so runs of a few tasks each fill one table. What it is not: a test (nothing
@@ -41,10 +44,11 @@ from pathlib import Path
 import anyio
 import msgspec
 
-from agentcore.types import Task
+from agentcore.types import CompileResult, Task
 from bench.system.gpu_queue_real import BuiltDemo, NeedsGpu, build_demos, run_job
-from rewards.build.compile_pool import CompileConfig
-from rewards.env import EnvConfig, queue_config
+from rewards.build.compile_pool import Build, BuildArtifact, CompileConfig, CompilePool
+from rewards.env import EnvConfig, Prepared, RewardsKernelEnv, queue_config
+from rewards.evaluate import EvaluateConfig, FinalEvaluator
 from rewards.queue.gpu_queue import GpuQueue, count_gpus
 from rewards.queue.jobs import Job, JobResult
 from rewards.reward import score, score_paired
@@ -81,8 +85,8 @@ class _Recorded:
     def __init__(self, queue: GpuQueue) -> None:
         self.queue, self.result = queue, None
 
-    async def submit(self, job: Job) -> JobResult:
-        self.result = await self.queue.submit(job, gpu=0)
+    async def submit(self, job: Job, **hooks) -> JobResult:
+        self.result = await self.queue.submit(job, gpu=0, **hooks)
         return self.result
 
 
@@ -285,12 +289,36 @@ async def cost(queue: GpuQueue, s: Subject, config: EnvConfig, repeats: int, res
                                  ("profile", "quick", "profile_cached")):
             record, _ = await run_job(queue, kind, demo, config, mode=mode, baselines=baselines, gpu=0)
             walls[name].append(record.wall_s)
+    walls |= await final_evaluations(queue, s, config, repeats)
     paired_walls = [r["wall_s"] for r in result["paired"] if r["ok"]]
-    out = {f"{k}_s": statistics.median(v) for k, v in walls.items()}
+    out = {f"{k}_s": statistics.median(v) if v else None for k, v in walls.items()}
     out["profile_paired_s"] = statistics.median(paired_walls) if paired_walls else None
     alone = [r.get("alone_s", 0.0) for r in result["paired"] if r["ok"]]  # of those, with the GPU alone
     out["profile_paired_alone_s"] = statistics.median(alone) if alone else None
     return out | {"repeats": repeats}
+
+
+FINAL_WAYS = {"final_sequential": EvaluateConfig(overlap=False), "final_overlapped": EvaluateConfig(overlap=True)}
+
+
+async def final_evaluations(queue: GpuQueue, s: Subject, config: EnvConfig, repeats: int) -> dict[str, list[float]]:
+    """Wall seconds of the demo's final evaluation (verify final, paired profile, score), each way
+    of `FINAL_WAYS` in turn, `repeats` times; a first round, not counted, runs the task's reference
+    compile job. An evaluation that does not score the demo's milestone 1 or better is not counted
+    (its reason goes to stderr)."""
+    env = RewardsKernelEnv(await anyio.to_thread.run_sync(CompilePool, config.compile), queue, config)
+    build = Build(result=CompileResult(ok=True), artifact=BuildArtifact(so_path=s.so_path, key=s.candidate))
+    walls: dict[str, list[float]] = {name: [] for name in FINAL_WAYS}
+    for round_ in range(repeats + 1):
+        for name, way in FINAL_WAYS.items():
+            began = time.monotonic()
+            scored = await FinalEvaluator(env, way).evaluate_prepared(Path(s.workspace), s.task, Prepared(build=build))
+            wall = time.monotonic() - began
+            if scored.milestone is None:
+                _progress(f"{name}: not scored: {scored.verdict.status.value}: {scored.verdict.message[-300:]}")
+            elif round_:
+                walls[name].append(wall)
+    return walls
 
 
 def paired_config(fields: list[str], time_cap_s: float = 0.0) -> PairedConfig:
@@ -309,7 +337,7 @@ async def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.deadline_s
     profile = ProfileConfig(paired=paired_config(args.paired, args.time_cap_s))
-    env = EnvConfig(gpus=(0,), sandbox="on" if args.sandbox else "off", profile=profile)
+    env = EnvConfig(gpus=(0,), sandbox="on" if args.sandbox else "off", profile=profile, lanes_per_gpu=2)
     if await count_gpus(env.queue.python) < 1:
         raise NeedsGpu("--reward-stability needs a CUDA GPU")
     with tempfile.TemporaryDirectory(prefix="reward-stability-") as root:

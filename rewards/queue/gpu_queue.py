@@ -8,7 +8,10 @@ runs the job under a watchdog and returns a `JobResult`. Jobs that time somethin
 not in `config.shared_kinds`) have their GPU to themselves; verification jobs share it, one per
 lane; a staged kind (`config.staged_kinds`) starts beside them and has its GPU alone from when its
 handler asks (`JobContext.gpu_alone`), the wait not counted in its deadline, until it ends or
-shares it again (`JobContext.gpu_shared`: it times nothing more). A worker that timed
+shares it again (`JobContext.gpu_shared`: it times nothing more). A submitter may start a staged
+job before it knows it wants it timed (a final evaluation's profile beside its verification): its
+`gate` is awaited when the job asks, and a no withdraws the job (`GpuWithdrawn` in the handler)
+instead of giving it the GPU; `running` tells a submitter that its job has a lane. A worker that timed
 out, crashed or poisoned its CUDA context is killed with its whole process group and replaced in
 the background; the result goes back at once, and the GPU counts the job as running until the
 killed worker is reaped.
@@ -149,17 +152,27 @@ class GpuQueue:
             if self._own_scratch:
                 shutil.rmtree(self._own_scratch, ignore_errors=True)
 
-    async def submit(self, job: Job, *, gpu: int | None = None) -> JobResult:
+    async def submit(self, job: Job, *, gpu: int | None = None, running: anyio.Event | None = None,
+                     gate: Callable[[], Awaitable[bool]] | None = None) -> JobResult:
         """Run `job` on a free lane (or on a lane of `gpu`), waiting first come first served; a
         kind not in `config.shared_kinds` waits until it can have its GPU alone, a staged kind
         (`config.staged_kinds`) starts beside the shared jobs and has it alone from when its
-        handler asks. What the job did is never an exception: timeouts, crashes and poisoned
-        contexts are statuses. Raises QueueClosed if the queue shuts down first."""
+        handler asks. `running` is set once the job has its lane (and its GPU's machine lock).
+        `gate`, for a staged job: awaited when it asks for its GPU alone, still sharing it (the
+        wait not counted in its deadline); False withdraws the job instead (module docstring).
+        A gate must not wait for a job that has no lane yet: the gated job holds one meanwhile.
+        What the job did is never an exception: timeouts, crashes and poisoned contexts are
+        statuses. Raises QueueClosed if the queue shuts down first."""
         wanted = self._gpu(gpu)
         exclusive = job.kind not in self.config.shared_kinds
         staged = exclusive and job.kind in self.config.staged_kinds and not self.config.fork_per_job
         exclusive = exclusive and not staged
         queued = time.monotonic()
+        if gate is not None and not staged:  # only a staged job can start before its gate answers
+            if not await gate():
+                return JobResult(job_id=job.job_id, status=JobStatus.WITHDRAWN, error=WITHDRAWN_BEFORE,
+                                 wait_s=time.monotonic() - queued)
+            gate = None
         lane = await self._dispatcher.acquire(wanted, exclusive=exclusive)
         laned = held = time.monotonic()
         async with AsyncExitStack() as machine:  # the GPU against other queues of the machine
@@ -174,13 +187,16 @@ class GpuQueue:
                     held = time.monotonic()  # held - laned: the one lock wait, for the lane's and the kind's times
                     lane.locked(held - laned)
 
-            async def gpu_alone() -> None:
+            async def gpu_alone() -> bool:
+                if gate is not None and not await gate():
+                    return False
                 if hold is not None:
                     hold.let_go()  # nothing of the machine's lock held while this queue drains
                 await self._dispatcher.alone(lane)
                 if hold is not None:
                     await hold.alone()
                 lane.alone()
+                return True
 
             async def gpu_shared() -> None:
                 lane.shared()
@@ -190,6 +206,8 @@ class GpuQueue:
 
             worker = lane.worker
             lane.begin()
+            if running is not None:
+                running.set()
             result, reusable, waited_s, alone_s = None, False, 0.0, 0.0
             try:
                 result, reusable, waited_s = await self._run(msgspec.structs.replace(job, staged=staged), worker,
@@ -248,7 +266,7 @@ class GpuQueue:
         deadline_s = job.deadline_s if job.deadline_s is not None else self.config.job_default_deadline_s
         job = msgspec.structs.replace(job, deadline_s=deadline_s)  # handlers may budget by it
         del worker.tail[:]  # the stderr tail of a failure should be this job's
-        message, waited_s = None, 0.0
+        message, waited_s, withdrawn = None, 0.0, False
         with anyio.move_on_after(deadline_s) as watchdog:
             try:
                 await worker.send(encode(job))
@@ -257,16 +275,18 @@ class GpuQueue:
             message = await worker.receive()
             while staging is not None and message is not None and (ask := _ask(message)) is not None:
                 asked = time.monotonic()
+                given = True
                 if ask.wants == "gpu_alone":
                     deadline, watchdog.deadline = watchdog.deadline, math.inf
-                    await staging.alone()
+                    given = await staging.alone()
+                    withdrawn = not given
                     waited = time.monotonic() - asked
                     watchdog.deadline, waited_s = deadline + waited, waited_s + waited
                 else:
                     await staging.shared()
                     waited = time.monotonic() - asked
                 try:
-                    await worker.send(encode(GpuGiven(waited_s=waited)))
+                    await worker.send(encode(GpuGiven(waited_s=waited, withdrawn=not given)))
                 except BROKEN:
                     pass
                 message = await worker.receive()
@@ -282,7 +302,10 @@ class GpuQueue:
             error = await worker.last_words()
             return JobResult(job_id=job.job_id, status=JobStatus.CRASHED, error=error), False, waited_s
         # A worker that poisoned its context has exited; a zygote only lost the child.
-        return result, result.status is not JobStatus.CUDA_POISONED or self.config.fork_per_job, waited_s
+        reusable = result.status is not JobStatus.CUDA_POISONED or self.config.fork_per_job
+        if withdrawn and result.status in (JobStatus.OK, JobStatus.ERROR):  # what it returned is moot
+            result = msgspec.structs.replace(result, status=JobStatus.WITHDRAWN, error=WITHDRAWN_ASKED)
+        return result, reusable, waited_s
 
     # -- lanes and their workers ----------------------------------------------------------------
 
@@ -376,10 +399,15 @@ def _scratch_name(gpu: int, slot: int) -> str:
     return f"gpu{gpu}" if slot == 0 else f"gpu{gpu}-{slot}"
 
 
-class _Staging(NamedTuple):
-    """A staged job's two moves on its lane and its GPU's machine lock (`GpuQueue.submit`)."""
+WITHDRAWN_BEFORE = "withdrawn by its submitter before it ran"
+WITHDRAWN_ASKED = "withdrawn by its submitter when it asked for its GPU alone: nothing was timed"
 
-    alone: Callable[[], Awaitable[None]]
+
+class _Staging(NamedTuple):
+    """A staged job's two moves on its lane and its GPU's machine lock (`GpuQueue.submit`);
+    `alone` says False when the submitter's gate withdrew the job (nothing moved)."""
+
+    alone: Callable[[], Awaitable[bool]]
     shared: Callable[[], Awaitable[None]]
 
 

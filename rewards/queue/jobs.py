@@ -65,9 +65,17 @@ class GpuAsk(Struct, frozen=True, kw_only=True):
 
 
 class GpuGiven(Struct, frozen=True, kw_only=True):
-    """The queue's answer: the GPU is now as the job asked (alone until it ends, or asks again)."""
+    """The queue's answer: the GPU is now as the job asked (alone until it ends, or asks again),
+    or, `withdrawn`, the job is no longer wanted: its submitter's gate said no (`GpuQueue.submit`),
+    and it should end without timing anything."""
 
     waited_s: float  # from the ask until now; for "gpu_alone", not counted in the job's deadline
+    withdrawn: bool = False
+
+
+class GpuWithdrawn(Exception):
+    """Raised by a staged job's `JobContext.gpu_alone` when its submitter no longer wants it timed
+    (`GpuGiven.withdrawn`); its handler ends with what it has, its GPU never had alone."""
 
 
 class JobStatus(enum.Enum):
@@ -76,6 +84,7 @@ class JobStatus(enum.Enum):
     TIMEOUT = "timeout"  # killed by the watchdog at its deadline; the lane got a fresh worker
     CRASHED = "crashed"  # the process running the job died (segfault, os._exit, abort)
     CUDA_POISONED = "cuda_poisoned"  # a sticky CUDA error: the context is unusable, process replaced
+    WITHDRAWN = "withdrawn"  # its submitter's gate said no before it timed anything (GpuQueue.submit)
 
 
 class JobResult(Struct, frozen=True, kw_only=True):
@@ -113,7 +122,8 @@ class JobContext(Struct, frozen=True, kw_only=True):
     deadline_s: float | None
     gpu_alone: Callable[[], float] | None = None
     """A staged job's way to its GPU alone: blocks until the queue gives it, returns the seconds
-    waited. None: the job has its GPU as its kind says from the start."""
+    waited; raises GpuWithdrawn when its submitter's gate says the job is no longer wanted. None:
+    the job has its GPU as its kind says from the start."""
     gpu_shared: Callable[[], None] | None = None
     """A staged job's way back to sharing once it times nothing more (what is left of it, such as
     checks and clean-up, runs beside other jobs); nothing if it never had the GPU alone."""

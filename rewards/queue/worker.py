@@ -20,7 +20,8 @@ worker then exits (code 3) so the queue starts a fresh one, since the context st
 
 A staged job (`Job.staged`, process mode) gets `JobContext.gpu_alone` and `gpu_shared`: each
 writes a `GpuAsk` on the channel and blocks until the queue's `GpuGiven` comes back, the GPU then
-the job's alone, or shared again once it times nothing more.
+the job's alone, or shared again once it times nothing more; a `GpuGiven` that says withdrawn makes
+`gpu_alone` raise GpuWithdrawn (the submitter no longer wants the job timed).
 
 What it is not: no watchdog (the queue kills the whole process group at a job's deadline) and no
 sandbox of its own (the queue wraps it in bubblewrap; `--reap-strays` only cleans up inside it).
@@ -52,6 +53,7 @@ from rewards.queue.jobs import (
     HEADER,
     MAX_FRAME_BYTES,
     GpuAsk,
+    GpuWithdrawn,
     Handler,
     Job,
     JobContext,
@@ -306,7 +308,8 @@ def _reap_strays() -> None:
 
 class _GpuAsks:
     """A staged job's `JobContext.gpu_alone` and `gpu_shared`, asked over the worker's channel:
-    alone once (later calls return 0 at once), shared only after alone and only once."""
+    alone once (later calls return 0 at once), shared only after alone and only once; a withdrawn
+    ask (GpuWithdrawn) leaves nothing to share."""
 
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
@@ -328,7 +331,11 @@ class _GpuAsks:
         message = self.channel.read()
         if message is None:
             raise SystemExit("the queue went away while the job waited for its GPU")
-        return given_decoder.decode(message).waited_s
+        given = given_decoder.decode(message)
+        if given.withdrawn:  # never alone: nothing to give back
+            self.state = "done"
+            raise GpuWithdrawn(f"withdrawn by its submitter after {given.waited_s:.2f} s: nothing was timed")
+        return given.waited_s
 
 
 class Worker:

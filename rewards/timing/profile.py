@@ -22,7 +22,9 @@ as a blob file, the init seed), plus the timing config; it answers one `Timed` m
 A staged job (the queue's `staged_kinds`) talks more: the child says `Prepared` once all three are
 built, the job asks the queue for its GPU alone and says `Measure`, the child says `Measured` once
 it times nothing more, the job gives the GPU back to sharing, and the `Timed` follows after the
-child's last check of the candidate's output.
+child's last check of the candidate's output. A final evaluation starts its paired job beside its
+verification (`rewards.evaluate`): when the verification failed, the queue withdraws the job at its
+ask (`GpuWithdrawn`), the child is killed, and nothing is timed.
 
 What it is not: no correctness check (`rewards.verify.verifier`) and no reward (`rewards.reward`). The
 candidate's time is measured inside the candidate's own process (CUDA events around its forward,
@@ -50,7 +52,7 @@ import contextlib
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -59,7 +61,7 @@ import msgspec
 from msgspec import Struct
 
 from agentcore.types import ProfileResult, Task
-from rewards.queue.jobs import Job, JobContext, JobStatus, decode, encode
+from rewards.queue.jobs import GpuWithdrawn, Job, JobContext, JobStatus, decode, encode
 from rewards.timing.baselines import BaselineRequest, Baselines
 from rewards.timing.paired import PairedConfig, PairedTiming
 from rewards.timing.sampling import Measurement, TimingConfig
@@ -341,6 +343,8 @@ def _in_child(request: ProfileRequest, work_dir: Path, phases: Phases | None, me
         return timed
     except TimeoutError:
         return Timed(ok=False, error=f"the candidate was not timed within {c.load_timeout_s + c.time_timeout_s:.0f} s")
+    except GpuWithdrawn as exc:  # its submitter no longer wants it timed (a failed verification)
+        return Timed(ok=False, error=str(exc))
     except ChildGone:
         return Timed(ok=False, error=child.describe_death())
     finally:
@@ -465,6 +469,8 @@ def profile_from_job(status: JobStatus, value: bytes, error: str) -> Profile:
         return Profile(ok=False, message=f"profiling timed out: {error[-500:]}")
     if status in (JobStatus.CRASHED, JobStatus.CUDA_POISONED):
         return Profile(ok=False, message=f"profiling crashed: {error[-1500:]}")
+    if status is JobStatus.WITHDRAWN:
+        return Profile(ok=False, message=f"not profiled: {error}")
     raise ProfileInfrastructureError(f"profile job failed: {error[-3000:]}")
 
 
@@ -472,17 +478,19 @@ async def profile_workspace(queue, workspace_dir: Path, task: Task, artifact_pat
                             config: ProfileConfig = ProfileConfig(), baselines: Baselines | None = None,
                             device: str = "cuda", deadline_s: float | None = None, paired: bool = False,
                             compile_cache: bytes = b"",
-                            candidate: Literal["model_new", "reference"] = "model_new") -> Profile:
+                            candidate: Literal["model_new", "reference"] = "model_new",
+                            gate: Callable[[], Awaitable[bool]] | None = None) -> Profile:
     """Profile a workspace on `queue` (a rewards.queue.gpu_queue.GpuQueue): package, submit, decode.
     Pass the `baselines` (or, `paired`, the `compile_cache`) of an earlier Profile of the same task
     to skip re-measuring (re-compiling) them. `candidate="reference"`: the timing-only harness
-    mode of benchmarks (module docstring)."""
+    mode of benchmarks (module docstring). `gate`: the job may prepare before it is wanted and
+    times only if the gate says True (`GpuQueue.submit`); else the Profile is not ok, "not profiled"."""
     files, so_name = await anyio.to_thread.run_sync(job_files, workspace_dir, artifact_path)
     request = ProfileRequest(task_source=task.source, so_path=so_name, device=device, config=config,
                              baselines=baselines, paired=paired, compile_cache=compile_cache, candidate=candidate)
     job = Job(job_id=f"profile-{task.task_id}-{uuid.uuid4().hex[:8]}", kind="profile", payload=encode(request),
               files=files, deadline_s=deadline_s)
-    result = await queue.submit(job)
+    result = await queue.submit(job, gate=gate)
     outcome = profile_from_job(result.status, result.value, result.error)
     return msgspec.structs.replace(outcome, job_wait_s=result.wait_s, job_wall_s=result.wall_s, job_alone_s=result.alone_s)
 

@@ -311,14 +311,16 @@ def verdict_from_job(status: JobStatus, value: bytes, error: str) -> Verdict:
 
 async def verify_workspace(queue, workspace_dir: Path, task: Task, artifact_path: str | Path | None,
                            mode: Literal["quick", "final"] = "quick", *, config: VerifyConfig = VerifyConfig(),
-                           device: str = "cuda", seed: int | None = None, deadline_s: float | None = None) -> Verdict:
+                           device: str = "cuda", seed: int | None = None, deadline_s: float | None = None,
+                           running: anyio.Event | None = None) -> Verdict:
     """Verify a workspace on `queue` (a rewards.queue.gpu_queue.GpuQueue): package, submit, decode.
-    The verdict carries the job's wait for a lane and how long it held it (`job_wait_s`, `job_wall_s`)."""
+    The verdict carries the job's wait for a lane and how long it held it (`job_wait_s`, `job_wall_s`).
+    `running` is set once the job has its lane (`GpuQueue.submit`)."""
     files, so_name = await anyio.to_thread.run_sync(job_files, workspace_dir, artifact_path)
     request = VerifyRequest(task_source=task.source, mode=mode, seed=seed, device=device, so_path=so_name, config=config)
     job = Job(job_id=f"verify-{task.task_id}-{uuid.uuid4().hex[:8]}", kind="verify", payload=encode(request),
               files=files, deadline_s=deadline_s)
-    result = await queue.submit(job)
+    result = await queue.submit(job, running=running)
     verdict = verdict_from_job(result.status, result.value, result.error)
     return msgspec.structs.replace(verdict, job_wait_s=result.wait_s, job_wall_s=result.wall_s)
 
