@@ -91,6 +91,24 @@ async def test_the_profile_job_prepares_while_the_verification_runs_and_times_on
     assert profiles == 1  # started either way; withdrawn when the verification failed
 
 
+@pytest.mark.parametrize("passes", [True, False])
+async def test_with_one_lane_the_profile_job_waits_for_the_verifications_lane(tmp_path, queue_config, passes):
+    """No deadlock when the gated job cannot start beside its verification: it (and the task's
+    reference compile job before it) take the lane once the verify job is done."""
+    from msgspec.structs import replace
+
+    ws, build = workspace(tmp_path)
+    task = Task(task_id="t", source="# the reference" if passes else "# WRONG")
+    async with GpuQueue(replace(queue_config, lanes_per_gpu=1)) as queue:
+        env = RewardsKernelEnv(CompilePool(), queue, EnvConfig(gpus=(0,)))
+        scored = await FinalEvaluator(env).evaluate_prepared(ws, task, Prepared(build=build))
+    if passes:
+        began = float(scored.verdict.message.split()[1]) * 1e3
+        assert scored.verdict.message.startswith("timed ") and began > scored.breakdown["verify_ms.ended"]
+    else:
+        assert scored.verdict.status is VerdictStatus.WRONG_OUTPUT
+
+
 async def test_without_overlap_a_failed_verification_starts_no_profile_job(tmp_path, queue_config):
     ws, build = workspace(tmp_path)
     async with GpuQueue(queue_config) as queue:
