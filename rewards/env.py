@@ -217,6 +217,10 @@ class RewardsKernelEnv:
             self.compile_caches.move_to_end(key)
         return self.compile_caches.get(key, b"")
 
+    def spare_lane(self) -> bool:
+        """Whether the GPU queue has a free lane no job waits for (`GpuQueue.spare_lane`)."""
+        return self.queue is not None and self.queue.spare_lane()
+
     async def final_verdict(self, workspace: Path, task: Task, build: Build, *, inline: bool = False,
                             running: anyio.Event | None = None) -> Verdict:
         """Final-mode verification of a built workspace (rewards.evaluate); `inline`: a

@@ -56,9 +56,10 @@ class EvaluateConfig(Struct, frozen=True, kw_only=True):
     """False: a verified solution scores milestone 1 without a profile job (scripted teachers,
     whose reward only has to be > 0; a timing job has its GPU alone and is the queue's slow part)."""
     overlap: bool = True
-    """Paired: start the profile job once the verify job has a lane, so that its reference compile
-    and build run beside the verification; it times only if the verification passed (its gate,
-    `GpuQueue.submit`), else it is withdrawn. False: the profile job after the verdict."""
+    """Paired: start the profile job once the verify job has a lane, when a lane is spare (no job
+    waits for one), so that its reference compile and build run beside the verification; it times
+    only if the verification passed (its gate, `GpuQueue.submit`), else it is withdrawn. False, or
+    no spare lane: the profile job after the verdict."""
 
 
 def _read_regular(path: Path) -> bytes | None:
@@ -152,9 +153,11 @@ class FinalEvaluator:
         return msgspec.structs.replace(scored, breakdown=scored.breakdown | verify_times(verdict))
 
     async def _overlapped(self, snapshot: Path, task: Task, prepared: Prepared) -> tuple[Verdict, Profile | None]:
-        """The verify job and, once it has a lane, the paired profile job beside it, gated on its
-        verdict: the profile's reference compile and build overlap the verification, its timing
-        waits for a pass. The Profile is None when the verdict came first and failed."""
+        """The verify job and, once it has a lane, the paired profile job beside it if a lane is
+        spare, gated on its verdict: the profile's reference compile and build overlap the
+        verification, its timing waits for a pass. A failed verification wastes that preparation,
+        so it only ever takes a lane no other job wanted. The Profile is None when no profile job
+        started (the verdict came first, or no lane was spare): the caller times a pass then."""
         verdicts: list[Verdict] = []
         running, judged = anyio.Event(), anyio.Event()
 
@@ -175,7 +178,7 @@ class FinalEvaluator:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(verify)
                 await running.wait()  # a gated job must not hold a lane its verification still waits for
-                if not judged.is_set() or (verdicts and verdicts[0].ok):
+                if not judged.is_set() and self.env.spare_lane():
                     timed = await self.env.time(snapshot, task, prepared.build, paired=True, gate=passed)
         except BaseExceptionGroup as group:  # callers catch what they know (NoGpuError), as without overlap
             if len(group.exceptions) == 1:

@@ -667,6 +667,21 @@ async def test_a_forked_staged_job_has_its_gpu_alone_from_the_start(config):
     assert result.alone_s == pytest.approx(result.wall_s, abs=0.01)
 
 
+async def test_a_lane_is_spare_only_while_free_and_unwanted():
+    dispatcher = Dispatcher()
+    assert not dispatcher.spare()  # no lane yet
+    dispatcher.release(Lane(0, Path("/nonexistent"), 0))
+    assert dispatcher.spare()
+    held = await dispatcher.acquire(0)
+    assert not dispatcher.spare()  # none free
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(dispatcher.acquire, 0)  # a waiter: the lane it gets next is wanted
+        await eventually(lambda: dispatcher.depth() == 1)
+        assert not dispatcher.spare()
+        dispatcher.release(held)
+    assert not dispatcher.spare()  # the waiter took it
+
+
 async def test_the_dispatcher_gives_a_staged_lane_its_gpu_once_the_others_end():
     dispatcher = Dispatcher()
     for slot in range(3):

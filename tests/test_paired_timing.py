@@ -773,8 +773,11 @@ class _OverlappingEnv:
     """The GPU edge faked, in time: the verify job waits for a lane, then judges for a while; the
     profile job prepares at once and asks its gate before it would time."""
 
-    def __init__(self, verdict: Verdict, timed: Profile) -> None:
-        self.verdict, self.timed, self.events = verdict, timed, []
+    def __init__(self, verdict: Verdict, timed: Profile, spare: bool = True) -> None:
+        self.verdict, self.timed, self.spare, self.events = verdict, timed, spare, []
+
+    def spare_lane(self) -> bool:
+        return self.spare
 
     async def final_verdict(self, snapshot, task, build, inline=None, running=None):
         await anyio.sleep(0.05)  # waiting for a lane
@@ -808,11 +811,14 @@ async def test_the_profile_job_prepares_beside_its_verification_and_times_only_a
         assert scored.verdict.message == "off by 3"
 
 
-async def test_without_overlap_the_profile_job_starts_after_the_verdict(tmp_path):
+@pytest.mark.parametrize("why", ["overlap off", "no spare lane"])
+async def test_the_profile_job_starts_after_the_verdict_without_overlap_or_a_spare_lane(tmp_path, why):
+    """Preparing beside the verification is speculation: it never takes a lane that other jobs wait for."""
     timing = paired_timing(speedup(1.3, 1.25, 1.35), speedup(1.2, 1.15, 1.25))
-    env = _OverlappingEnv(OK, Profile(ok=True, candidate=timing.fastest("candidate").timing, paired=timing))
+    env = _OverlappingEnv(OK, Profile(ok=True, candidate=timing.fastest("candidate").timing, paired=timing),
+                          spare=why != "no spare lane")
     prepared = types.SimpleNamespace(verdict=None, build=None, inline=None, notes=())
-    scored = await FinalEvaluator(env, EvaluateConfig(overlap=False)).evaluate_prepared(
+    scored = await FinalEvaluator(env, EvaluateConfig(overlap=why != "overlap off")).evaluate_prepared(
         tmp_path, types.SimpleNamespace(task_id="t"), prepared)
     assert env.events == ["verify has a lane", "verdict", "profile prepares"] and scored.reward == 3.0
 

@@ -223,6 +223,12 @@ class GpuQueue:
         return msgspec.structs.replace(result, worker_pid=worker.pid, gpu=lane.gpu, wall_s=wall_s,
                                        wait_s=held - queued + waited_s, alone_s=alone_s)
 
+    def spare_lane(self) -> bool:
+        """Whether a job submitted now would take a free lane that no waiting job wanted (work
+        started on speculation, such as a final evaluation's profile beside its verification,
+        should not hold up jobs that are known to be needed)."""
+        return not self._closed and self._dispatcher.spare()
+
     def statistics(self) -> QueueStatistics:
         now = time.monotonic()
         uptime_s = max(now - self._started, 1e-9)

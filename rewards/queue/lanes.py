@@ -299,6 +299,10 @@ class Dispatcher:
             waiter.event.set()
         self._waiters.clear()
 
+    def spare(self) -> bool:
+        """A lane is free and no submitter waits: a job submitted now takes a lane nobody else wanted."""
+        return bool(self._free) and not self._waiters
+
     def depth(self, gpu: int | None = None, *, exclusive: bool | None = None) -> int:
         """Waiting submitters: all, or those pinned to `gpu`; of either kind, or of `exclusive`'s."""
         return sum(1 for w in self._waiters
