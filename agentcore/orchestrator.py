@@ -15,6 +15,10 @@
                                       ▼
                        sink: bounded stream of TrajectoryGroup ──► consumer (learner, bench)
 
+As each group's samples go out, the scorer's `warm(task)` starts in the background (a reference
+compile the group's scores will need, begun while its rollouts run; cancelled once every group is
+done).
+
 What it is: scheduling, isolation and accounting. One failing trajectory becomes a trajectory
 with status FAILED (logged with its traceback), never a cancelled sibling. Aborted trajectories
 (shutdown, stragglers) are passed on but not stored, so a resumed run redoes them.
@@ -41,7 +45,7 @@ from pathlib import Path
 from typing import AsyncIterable, Iterable, Protocol
 
 import anyio
-from anyio.abc import ObjectReceiveStream, ObjectSendStream
+from anyio.abc import ObjectReceiveStream, ObjectSendStream, TaskGroup
 from msgspec import Struct
 
 from agentcore.engine import Engine, Generation, SamplingParams
@@ -100,6 +104,12 @@ class Scorer(Protocol):
     """The trusted final evaluation of a finished trajectory's workspace (rewards)."""
 
     async def score(self, trajectory: Trajectory, tools: Tools, task: Task) -> Trajectory: ...
+
+    async def warm(self, task: Task) -> None:
+        """Called once as each group of `task` starts, in the background, while its rollouts run:
+        work every score of the task needs (such as its reference's compile), begun early. It may
+        be cancelled once the run's groups are all done; its failures are logged, never raised."""
+        ...
 
 
 class LimiterStats(Struct, frozen=True, kw_only=True):
@@ -220,20 +230,30 @@ class Orchestrator:
         results_send, results_recv = anyio.create_memory_object_stream[Trajectory](self.config.results_buffer)
         self._samples_recv, self._results_recv = samples_recv, results_recv
         sizes: dict[str, int] = {}
-        async with sink, anyio.create_task_group() as tg:
-            tg.start_soon(self._feeder, feed, samples_send, done, sizes)
+        async with sink, anyio.create_task_group() as tg, anyio.create_task_group() as warming:
+            tg.start_soon(self._feeder, feed, samples_send, done, sizes, warming)
             async with samples_recv, results_send:
                 for _ in range(self.config.workers):
                     tg.start_soon(self._worker, samples_recv.clone(), results_send.clone())
             await self._assembler(results_recv, sink, sizes, prior)
+            warming.cancel_scope.cancel()  # every group is done: what a warm-up still waits for is not needed
 
-    async def _feeder(self, feed, send: ObjectSendStream[Sample], done: set, sizes: dict[str, int]) -> None:
+    async def _feeder(self, feed, send: ObjectSendStream[Sample], done: set, sizes: dict[str, int],
+                      warming: TaskGroup) -> None:
         async with send:
             async for item in _aiter(feed):
                 sizes[item.group_id] = item.samples
-                for index in range(item.samples):
-                    if (item.group_id, index) not in done:
-                        await send.send(Sample(task=item.task, group_id=item.group_id, index=index))
+                todo = [index for index in range(item.samples) if (item.group_id, index) not in done]
+                if todo and self.scorer is not None:
+                    warming.start_soon(self._warm, item.task)
+                for index in todo:
+                    await send.send(Sample(task=item.task, group_id=item.group_id, index=index))
+
+    async def _warm(self, task: Task) -> None:
+        try:
+            await self.scorer.warm(task)
+        except Exception as exc:  # noqa: BLE001 - the scores themselves do the work again and say why
+            log.warning("warming the scorer for %s failed: %s", task.task_id, str(exc)[:300])
 
     async def _worker(self, recv: ObjectReceiveStream[Sample], send: ObjectSendStream[Trajectory]) -> None:
         async with recv, send:

@@ -192,6 +192,12 @@ class RewardsKernelEnv:
             self._keep_compile_cache(key, outcome.compile_cache)
         return outcome
 
+    async def warm_reference(self, task: Task) -> None:
+        """The task's reference artifacts for paired timing, if this env keeps them and does not
+        have them yet (`_compile_reference`); nothing without a GPU queue."""
+        if self.queue is not None and self.config.profile.compile_cache:
+            await self._compile_reference(task, task_sha256(task.source))
+
     async def _compile_reference(self, task: Task, key: str) -> None:
         """The task's reference artifacts from a job that shares its GPU, one job per task (the
         trajectories of a group that end together wait for it): the paired job has the GPU alone,

@@ -116,6 +116,12 @@ class FinalEvaluator:
     def __init__(self, env: RewardsKernelEnv, config: EvaluateConfig = EvaluateConfig()) -> None:
         self.env, self.config = env, config
 
+    async def warm(self, task: Task) -> None:
+        """The task's reference compiled for paired timing (`RewardsKernelEnv.warm_reference`) while
+        its group's rollouts run, so that no final evaluation of the group waits for it."""
+        if self.config.timed and self.config.paired:
+            await self.env.warm_reference(task)
+
     async def score(self, trajectory: Trajectory, tools, task: Task) -> Trajectory:
         result = await self.evaluate(Path(tools.workspace.path), task)
         return msgspec.structs.replace(trajectory, reward=result.reward, reward_info=reward_info(result))

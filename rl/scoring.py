@@ -37,6 +37,9 @@ class EnvScorer:
     def __init__(self, env: KernelEnv) -> None:
         self.env = env
 
+    async def warm(self, task: Task) -> None:
+        """Nothing to begin early: every call goes through the env's tools."""
+
     async def score(self, trajectory: Trajectory, tools, task: Task) -> Trajectory:
         reward, info = await self.evaluate(Path(tools.workspace.path), task)
         return msgspec.structs.replace(trajectory, reward=float(reward), reward_info=info)

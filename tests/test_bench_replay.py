@@ -142,6 +142,9 @@ class SpyEvaluator:
     def __init__(self, env) -> None:
         self.inner, self.seen = FinalEvaluator(env, EvaluateConfig(paired=False)), {}  # fixed times
 
+    async def warm(self, task):
+        await self.inner.warm(task)
+
     async def evaluate(self, workspace, task):
         files = sorted(p.relative_to(workspace).as_posix() for p in Path(workspace).rglob("*") if p.is_file())
         self.seen[task.task_id] = [f for f in files if f == "model_new.py" or f.startswith("kernels/")]

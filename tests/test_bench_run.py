@@ -73,6 +73,9 @@ class SpyEvaluator:
     def __init__(self, env) -> None:
         self.inner, self.seen = EnvEvaluator(env), []
 
+    async def warm(self, task):
+        await self.inner.warm(task)
+
     async def evaluate(self, workspace, task):
         path = Path(workspace) / "model_new.py"
         self.seen.append(path.read_text() if path.exists() else None)

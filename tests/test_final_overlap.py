@@ -46,8 +46,8 @@ def profile(payload, ctx):
     return encode(Profile(ok=False, message=f"timed {began} {time.time()}"))
 
 
-def compile_nothing(payload, ctx):
-    return b""
+def compile_reference(payload, ctx):
+    return b"inductor artifacts"
 '''
 
 
@@ -59,7 +59,7 @@ def queue_config(tmp_path, monkeypatch) -> GpuQueueConfig:
     yield GpuQueueConfig(gpus=(0,), lanes_per_gpu=2, scratch_root=str(tmp_path / "scratch"),
                          gpu_lock_dir=str(tmp_path / "locks"), worker_start_timeout_s=30.0,
                          handlers={"verify": "final_overlap_handlers:verify", "profile": "final_overlap_handlers:profile",
-                                   "reference_compile": "final_overlap_handlers:compile_nothing"})
+                                   "reference_compile": "final_overlap_handlers:compile_reference"})
     shutil.rmtree(handlers, ignore_errors=True)
 
 
@@ -117,3 +117,25 @@ async def test_without_overlap_a_failed_verification_starts_no_profile_job(tmp_p
             ws, Task(task_id="t", source="# WRONG"), Prepared(build=build))
         kinds = queue.statistics().kinds
     assert scored.verdict.status is VerdictStatus.WRONG_OUTPUT and "profile" not in kinds
+
+
+async def test_warming_a_task_compiles_its_reference_once_before_its_final_evaluations(tmp_path, queue_config):
+    """`FinalEvaluator.warm`, which the orchestrator calls as a group starts: the task's reference
+    compile job runs then, and the group's final evaluations find its artifacts."""
+    ws, build = workspace(tmp_path)
+    task = Task(task_id="t", source="# the reference")
+    async with GpuQueue(queue_config) as queue:
+        env = RewardsKernelEnv(CompilePool(), queue, EnvConfig(gpus=(0,)))
+        evaluator = FinalEvaluator(env)
+        await evaluator.warm(task)
+        compiled = queue.statistics().kinds["reference_compile"].jobs
+        for _ in range(2):
+            await evaluator.evaluate_prepared(ws, task, Prepared(build=build))
+        kinds = queue.statistics().kinds
+        await FinalEvaluator(env, EvaluateConfig(timed=False)).warm(Task(task_id="u", source="# another"))
+    assert compiled == 1 and kinds["reference_compile"].jobs == 1 and kinds["profile"].jobs == 2
+    assert queue.statistics().kinds["reference_compile"].jobs == 1  # an untimed evaluator warms nothing
+
+
+async def test_warming_without_a_gpu_queue_does_nothing(tmp_path):
+    await RewardsKernelEnv(CompilePool(), None, EnvConfig()).warm_reference(Task(task_id="t", source="# x"))

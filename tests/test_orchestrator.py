@@ -7,6 +7,7 @@ with the real tokenizer) and the kernel environment is FakeKernelEnv (no GPU).
 from __future__ import annotations
 
 import anyio
+import msgspec
 import pytest
 
 from agentcore.engine import EngineError
@@ -82,14 +83,56 @@ def make_engine(renderer, script, **kw) -> ScriptedEngine:
     )
 
 
-def make_orch(renderer, engine, workspace_root, *, config=RolloutConfig(max_turns=20), store=None, tools=None, workers=8):
+def make_orch(renderer, engine, workspace_root, *, config=RolloutConfig(max_turns=20), store=None, tools=None, workers=8,
+              scorer=None):
     runner = RolloutRunner(engine=engine, renderer=renderer, parser=renderer.parser, config=config)
     tools = tools or WorkspaceTools(
         root=workspace_root,
         sandbox=Sandbox(SandboxConfig(timeout_s=10)),
         kernel_env=FakeKernelEnv(FakeKernelEnvConfig(latency_s=0.001)),
     )
-    return Orchestrator(runner=runner, tools=tools, store=store, config=OrchestratorConfig(workers=workers))
+    return Orchestrator(runner=runner, tools=tools, store=store, config=OrchestratorConfig(workers=workers),
+                        scorer=scorer)
+
+
+class _WarmingScorer:
+    """A scorer that notes when each task's warm-up and scores come; `warm_s` long warm-ups, `fail` ones that raise."""
+
+    def __init__(self, warm_s: float = 0.0, fail: bool = False) -> None:
+        self.warm_s, self.fail, self.events = warm_s, fail, []
+
+    async def warm(self, task):
+        self.events.append(("warm", task.task_id))
+        if self.fail:
+            raise RuntimeError("no GPU queue")
+        await anyio.sleep(self.warm_s)
+        self.events.append(("warmed", task.task_id))
+
+    async def score(self, trajectory, tools, task):
+        self.events.append(("score", task.task_id))
+        return msgspec.structs.replace(trajectory, reward=1.0)
+
+
+async def test_the_scorer_warms_each_task_once_as_its_group_starts(renderer, workspace_root):
+    scorer = _WarmingScorer()
+    orch = make_orch(renderer, make_engine(renderer, solving_script(renderer)), workspace_root, scorer=scorer)
+    groups = await collect(orch, [WorkItem(task=task(i), group_id=f"g{i}", samples=3) for i in range(2)])
+    assert all(t.reward == 1.0 for g in groups for t in g.trajectories)
+    warms = [e for e in scorer.events if e[0] == "warm"]
+    assert sorted(warms) == [("warm", task(0).task_id), ("warm", task(1).task_id)]
+    for i in range(2):  # before any score of its task
+        first_score = scorer.events.index(("score", task(i).task_id))
+        assert scorer.events.index(("warm", task(i).task_id)) < first_score
+
+
+@pytest.mark.parametrize("how", ["fails", "never ends"])
+async def test_a_failing_or_endless_warm_up_neither_fails_nor_holds_up_the_run(renderer, workspace_root, how):
+    scorer = _WarmingScorer(warm_s=3600.0, fail=how == "fails")
+    orch = make_orch(renderer, make_engine(renderer, solving_script(renderer)), workspace_root, scorer=scorer)
+    with anyio.fail_after(60):
+        [group] = await collect(orch, [WorkItem(task=task(), group_id="g", samples=2)])
+    assert [t.reward for t in group.trajectories] == [1.0, 1.0]
+    assert ("warmed", task().task_id) not in scorer.events
 
 
 async def test_every_sample_of_every_task_arrives_in_its_group(renderer, workspace_root):

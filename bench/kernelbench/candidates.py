@@ -113,12 +113,17 @@ class CandidateTools:
 class Evaluator(Protocol):
     async def evaluate(self, workspace: Path, task: Task) -> Score: ...
 
+    async def warm(self, task: Task) -> None: ...
+
 
 class BestCandidateScorer:
     """Final evaluation of a trajectory's best candidate (see module docstring)."""
 
     def __init__(self, evaluator: Evaluator, tools: CandidateTools, *, fallback_final: bool = True) -> None:
         self.evaluator, self.tools, self.fallback_final = evaluator, tools, fallback_final
+
+    async def warm(self, task: Task) -> None:
+        await self.evaluator.warm(task)
 
     async def score(self, trajectory: Trajectory, tools, task: Task) -> Trajectory:
         found = self.tools.take(trajectory.trajectory_id)
@@ -157,6 +162,9 @@ class EnvEvaluator:
 
     def __init__(self, env: KernelEnv, config: RewardConfig = RewardConfig()) -> None:
         self.env, self.config = env, config
+
+    async def warm(self, task: Task) -> None:
+        """Nothing to begin early: every call goes through the env's tools."""
 
     async def evaluate(self, workspace: Path, task: Task) -> Score:
         built = await self.env.compile(workspace, task)
