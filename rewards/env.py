@@ -180,8 +180,8 @@ class RewardsKernelEnv:
         by the first job of the task that compiled it, go with later requests. `gate`: the job
         prepares beside other jobs and times only if it says True (`GpuQueue.submit`)."""
         key = task_sha256(task.source)
-        if paired and self.config.profile.compile_cache:
-            await self._compile_reference(task, key)
+        if paired:
+            await self.warm_reference(task)
         outcome = await profile_workspace(self._queue(), workspace, task, build.artifact.so_path,
                                           config=self.config.profile, deadline_s=self.config.job_deadline_s,
                                           baselines=None if paired else self.baselines.get(key), paired=paired,

@@ -33,6 +33,7 @@ import anyio
 import msgspec
 from msgspec import Struct
 
+from agentcore.runtime import sole_exception
 from agentcore.types import Task, Trajectory
 from rewards.env import Prepared, RewardsKernelEnv, pristine_files
 from rewards.inline.prepare import is_inline_solution, prepare_inline, with_notes
@@ -187,9 +188,9 @@ class FinalEvaluator:
                 if not judged.is_set() and self.env.spare_lane():
                     timed = await self.env.time(snapshot, task, prepared.build, paired=True, gate=passed)
         except BaseExceptionGroup as group:  # callers catch what they know (NoGpuError), as without overlap
-            if len(group.exceptions) == 1:
-                raise group.exceptions[0] from None
-            raise
+            if (sole := sole_exception(group)) is None:
+                raise
+            raise sole from None
         return verdicts[0], timed
 
     async def _verified(self, snapshot: Path, task: Task, prepared: Prepared, verdict: Verdict,

@@ -31,7 +31,6 @@ from pathlib import Path
 
 WAYS = ("float64", "fused", "within")
 TASKS = ("1_Square_matrix_multiplication_", "23_Softmax")
-INPUTS = (1_000_003, 1_000_004)  # as `rewards.timing.profile_child.AFTER_CHECK_INPUTS`
 STEPS = ("inputs", "forward", "compare")
 
 
@@ -40,7 +39,7 @@ def child(task: str, way: str, device: str, repeats: int) -> dict:
     import torch
 
     from rewards.timing import baselines
-    from rewards.timing.profile_child import after_check_tolerance
+    from rewards.timing.profile_child import AFTER_CHECK_INPUTS, after_check_tolerance
     from rewards.verdict import VerdictStatus
     from rewards.verify import fused
     from rewards.verify.compare import check_output, within_tolerance
@@ -60,7 +59,7 @@ def child(task: str, way: str, device: str, repeats: int) -> dict:
     checks = []
     with torch.no_grad():
         for _ in range(repeats):
-            for index in INPUTS:
+            for index in AFTER_CHECK_INPUTS:
                 steps = dict.fromkeys(STEPS, 0.0)
                 outs = []
                 for _role in ("candidate", "eager"):
@@ -78,7 +77,8 @@ def child(task: str, way: str, device: str, repeats: int) -> dict:
                     ok = check.status is VerdictStatus.OK
                 steps["compare"] = ms
                 checks.append({**{k: round(v, 3) for k, v in steps.items()}, "passed": bool(ok)})
-    return {"task": task, "way": way, "load_ms": round(load_ms, 1), "checks": checks}
+    return {"task": task, "way": way, "load_ms": round(load_ms, 1), "inputs_per_check": len(AFTER_CHECK_INPUTS),
+            "checks": checks}
 
 
 def _source(task: str) -> str:
@@ -93,10 +93,9 @@ def _source(task: str) -> str:
 
 def summary(result: dict) -> dict:
     """First check (both input sets: one check of a fresh child) and the median later one, ms."""
-    checks = result["checks"]
-    first = {s: sum(c[s] for c in checks[: len(INPUTS)]) for s in STEPS}
-    later = [{s: sum(c[s] for c in checks[i: i + len(INPUTS)]) for s in STEPS}
-             for i in range(len(INPUTS), len(checks), len(INPUTS))]
+    checks, n = result["checks"], result["inputs_per_check"]
+    first = {s: sum(c[s] for c in checks[:n]) for s in STEPS}
+    later = [{s: sum(c[s] for c in checks[i: i + n]) for s in STEPS} for i in range(n, len(checks), n)]
     steady = {s: statistics.median(c[s] for c in later) for s in STEPS} if later else {}
     return {"first": first, "steady": steady, "passed": all(c["passed"] for c in checks)}
 

@@ -281,18 +281,16 @@ class GpuQueue:
             message = await worker.receive()
             while staging is not None and message is not None and (ask := _ask(message)) is not None:
                 asked = time.monotonic()
-                given = True
                 if ask.wants == "gpu_alone":
                     deadline, watchdog.deadline = watchdog.deadline, math.inf
-                    given = await staging.alone()
-                    withdrawn = not given
+                    withdrawn = not await staging.alone()
                     waited = time.monotonic() - asked
                     watchdog.deadline, waited_s = deadline + waited, waited_s + waited
                 else:
                     await staging.shared()
                     waited = time.monotonic() - asked
                 try:
-                    await worker.send(encode(GpuGiven(waited_s=waited, withdrawn=not given)))
+                    await worker.send(encode(GpuGiven(waited_s=waited, withdrawn=withdrawn)))
                 except BROKEN:
                     pass
                 message = await worker.receive()
