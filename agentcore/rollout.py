@@ -59,7 +59,9 @@ class RolloutConfig(Struct, frozen=True, kw_only=True):
     tool_timeout_s: float = 900.0
     """Upper bound on one tool call (compile/verify/profile wait on shared pools)."""
     temperature: float = 1.0
-    """Rollouts sample at temperature 1 with no top-p/top-k so behaviour log-probs match."""
+    """Sampling temperature, with no top-p/top-k so behaviour log-probs are those of the whole
+    distribution. The learner's PPO policy is softmax(logits / temperature) at this temperature
+    (below 1: fewer low-probability slips in the samples a step learns from)."""
     top_p: float = 1.0
     """Nucleus sampling; keep 1.0 for RL."""
     top_k: int = -1

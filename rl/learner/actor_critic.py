@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from rl.config import TrainConfig
+from rl.engine.batch import GREEDY_TEMPERATURE
 from rl.learner import checkpoint, perf
 from rl.learner.fsdp import Dist, apply_activation_checkpointing, compile_blocks, every_kth, full_state_items, shard
 from rl.learner.models import build_actor, build_critic, layers
@@ -79,9 +80,11 @@ class Learner:
         device, ppo = self.dist.device, self.cfg.ppo
         samples = balance(samples, self.dist.world_size, self.dist.rank)  # this rank's share, by tokens
         if kind == "ppo":
-            ref = compute_logprobs(self._reference(), samples, ppo, device) if ppo.kl_coef > 0 else None
+            temperature = policy_temperature(self.cfg.rollout.temperature)
+            ref = (compute_logprobs(self._reference(), samples, ppo, device, temperature=temperature)
+                   if ppo.kl_coef > 0 else None)
             metrics = ppo_step(self.actor, self.critic, self.actor_opt, self.critic_opt, samples, ppo, device,
-                               ref_logprobs=ref)
+                               ref_logprobs=ref, temperature=temperature)
         elif kind == "sft":
             metrics = sft_step(self.actor, self.actor_opt, samples, ppo, device)
         elif kind == "value":
@@ -206,6 +209,13 @@ def _is_param(module: torch.nn.Module, name: str) -> bool:
         return True
     except AttributeError:
         return False
+
+
+def policy_temperature(rollout_temperature: float) -> float:
+    """The temperature of PPO's policy, softmax(logits / t): the rollouts' own, the distribution
+    their tokens and behaviour log-probs come from; 1 for greedy rollouts, whose engines report
+    log-probs at temperature 1."""
+    return rollout_temperature if rollout_temperature >= GREEDY_TEMPERATURE else 1.0
 
 
 def _seed_everything(seed: int) -> None:

@@ -88,13 +88,15 @@ class Actor(nn.Module):
 
     def forward(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, targets: torch.Tensor,
-        mask: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None, temperature: float = 1.0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """logprobs[t] = log p(targets[t] | tokens <= t) and the entropy at t; [1, T] fp32 each.
 
         The caller passes targets = input_ids shifted left by one within each document. With
         `mask` ([1, T], > 0 where targets[t] is an action: `MicroBatch.mask`) and
         head_on_actions_only, the LM head runs on those positions only; both outputs are 0 elsewhere.
+        `temperature`: the distribution is softmax(logits / temperature), the one a rollout engine
+        samples from at that temperature (PPO's ratios compare policies at the rollouts' temperature).
         """
         # The indices first: nonzero waits for the device, which here has only the micro-batch's
         # copies queued, not the backbone's forward.
@@ -105,18 +107,22 @@ class Actor(nn.Module):
         ).last_hidden_state  # [1, T, H]
         hidden, targets = hidden[0], targets[0]  # [T, H], [T]
         if keep is None:
-            logprobs, entropy = self._head_stats(hidden, targets)
+            logprobs, entropy = self._head_stats(hidden, targets, temperature)
             return logprobs.unsqueeze(0).clone(), entropy.unsqueeze(0).clone()  # [1, T]
         # The packed row is [1, T]: one gather over the flattened sequence, one scatter back.
-        logprobs, entropy = self._head_stats(hidden.index_select(0, keep), targets.index_select(0, keep))  # [A]
+        logprobs, entropy = self._head_stats(hidden.index_select(0, keep), targets.index_select(0, keep),
+                                             temperature)  # [A]
         T = input_ids.shape[1]
         return (
             logprobs.new_zeros(1, T).index_copy(1, keep, logprobs[None]),
             entropy.new_zeros(1, T).index_copy(1, keep, entropy[None]),
         )  # [1, T]
 
-    def _head_stats(self, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs of `targets` and entropies under the LM head, chunk by chunk; [n, H] -> [n] each.
+    def _head_stats(
+        self, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs of `targets` and entropies under the LM head's logits / temperature, chunk by
+        chunk; [n, H] -> [n] each.
 
         An empty `hidden` (a row without actions, e.g. a dummy micro-batch) still runs one empty
         chunk: the head weight gets its (zero) gradient, so FSDP2 reduce-scatters the same
@@ -131,21 +137,27 @@ class Actor(nn.Module):
             stats = _compiled_stats() if compiled and hidden.shape[0] > 0 else _logit_stats
             # Recomputed in backward: only one chunk's [c, vocab] logits is ever alive.
             lp, ent = checkpoint(
-                _head_logprobs, head, hidden[start:end], targets[start:end], stats, use_reentrant=False
+                _head_logprobs, head, hidden[start:end], targets[start:end], stats, temperature, use_reentrant=False
             )
             logprobs.append(lp)
             entropy.append(ent)
         return torch.cat(logprobs), torch.cat(entropy)
 
 
-def _head_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, stats) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-prob of `targets` and entropy under head(hidden), in fp32; [c] each."""
-    return stats(head(hidden), targets)  # the head matmul stays a cuBLAS GEMM in the compute dtype
+def _head_logprobs(
+    head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, stats, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of `targets` and entropy under head(hidden) / temperature, in fp32; [c] each."""
+    return stats(head(hidden), targets, temperature)  # the head matmul stays a cuBLAS GEMM in the compute dtype
 
 
-def _logit_stats(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-prob of `targets` and entropy of softmax(logits), in fp32; [c, V] -> [c] each."""
+def _logit_stats(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of `targets` and entropy of softmax(logits / temperature), in fp32; [c, V] -> [c] each."""
     logits = logits.float()  # [c, V]; upcast so log-softmax of a bf16 head is exact enough
+    if temperature != 1.0:  # scaled after the upcast: in bf16 the division would round the logits again
+        logits = logits / temperature
     lse = torch.logsumexp(logits, dim=-1)  # [c]
     logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
     entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)

@@ -94,8 +94,7 @@ from rl.learner.protocol import (
 )
 from rl.weight_sync import release as release_server
 from rl.weight_sync import resume as resume_server
-from rl.weight_sync import return_device_memory
-from rl.weight_sync import sync_tensor
+from rl.weight_sync import return_device_memory, sync_tensor
 
 log = logging.getLogger("cuda-agent.rank")
 

@@ -95,16 +95,19 @@ def compute_values(
 
 
 def compute_logprobs(
-    actor: nn.Module, samples: Sequence[Sample], cfg: PPOConfig, device: torch.device | str, *, group=None
+    actor: nn.Module, samples: Sequence[Sample], cfg: PPOConfig, device: torch.device | str, *, group=None,
+    temperature: float = 1.0,
 ) -> list[Tensor]:
     """Per-token log-probs of each sample under `actor` (e.g. the frozen reference policy for the
-    KL penalty), no grad: token-indexed fp32 CPU tensors [n]; entry i is log p(token i | < i) for
-    action tokens, and for the others too unless the actor's head runs on actions only (then 0)."""
+    KL penalty) at `temperature`, no grad: token-indexed fp32 CPU tensors [n]; entry i is
+    log p(token i | < i) for action tokens, and for the others too unless the actor's head runs on
+    actions only (then 0)."""
     out: list[Tensor] = [torch.zeros(0)] * len(samples)
     with torch.no_grad():
         for mb in _aligned(micro_batches(samples, cfg.token_budget), (), group):
             mb = mb.to(device)
-            logprobs = actor(mb.input_ids, mb.position_ids, mb.targets, mask=mb.mask)[0].float().cpu()  # [1, T]
+            logprobs = actor(mb.input_ids, mb.position_ids, mb.targets, mask=mb.mask,
+                             temperature=temperature)[0].float().cpu()  # [1, T]
             for i, lp in zip(mb.sample_index, mb.split(logprobs)):
                 out[i] = torch.cat([lp.new_zeros(1), lp[:-1]])
     return out
@@ -146,10 +149,13 @@ def ppo_step(
     *,
     group=None,
     ref_logprobs: Sequence[Tensor] | None = None,
+    temperature: float = 1.0,
 ) -> dict[str, float]:
     """One PPO update of actor and critic on this rank's samples; global metrics.
 
     `ref_logprobs` (token-indexed per sample, like behaviour_logprobs) is needed when kl_coef > 0.
+    `temperature`: the one the samples were drawn at; the policy whose ratios, KL and entropy the
+    update computes is softmax(logits / temperature), the distribution the engine sampled from.
     """
     values = compute_values(critic, samples, cfg, device, group=group)
     advantages, returns = advantages_and_returns(samples, values, cfg)
@@ -165,13 +171,13 @@ def ppo_step(
         fields["ref_logprobs"] = ref_logprobs
     mbs = [mb.to(device) for mb in _aligned(micro_batches(samples, cfg.token_budget, fields), fields, group)]
     if cfg.updates_per_batch > 1:
-        mbs = [mb.replace(old_logprobs=_no_grad_logprobs(actor, mb)) for mb in mbs]
+        mbs = [mb.replace(old_logprobs=_no_grad_logprobs(actor, mb, temperature)) for mb in mbs]
     actions = _global_action_tokens(mbs, device, group)
     norm = max(actions, 1.0)
     m = _Metrics(device)
     for _ in range(cfg.updates_per_batch):
         for mb in mbs:
-            _actor_loss(actor, mb, cfg, norm, m).backward()
+            _actor_loss(actor, mb, cfg, norm, m, temperature).backward()
             _critic_loss(critic, mb, cfg.value_clip, norm, m).backward()
         m.max("grad_norm_actor", _clip_and_step(actor, actor_opt, cfg.max_grad_norm, m))
         m.max("grad_norm_critic", _clip_and_step(critic, critic_opt, cfg.max_grad_norm, m))
@@ -271,9 +277,12 @@ def value_step(
 # Per micro-batch losses (they also record their metrics as token sums / normaliser).
 
 
-def _actor_loss(actor: nn.Module, mb: MicroBatch, cfg: PPOConfig, norm: float, m: _Metrics) -> Tensor:
+def _actor_loss(
+    actor: nn.Module, mb: MicroBatch, cfg: PPOConfig, norm: float, m: _Metrics, temperature: float = 1.0
+) -> Tensor:
     # mask: the actor may run its LM head only where the loss reads (ModelConfig.head_on_actions_only).
-    logprobs, entropy = actor(mb.input_ids, mb.position_ids, mb.targets, mask=mb.mask)  # [1, T] fp32
+    logprobs, entropy = actor(mb.input_ids, mb.position_ids, mb.targets, mask=mb.mask,
+                              temperature=temperature)  # [1, T] fp32
     # At updates_per_batch 1 the policy that is updated is the one these log-probs come from.
     old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
     weights = ppo.tis_weights(old, mb.behaviour_logprobs, cfg.tis_cap or 2.0)
@@ -316,9 +325,9 @@ def _critic_loss(critic: nn.Module, mb: MicroBatch, clip: float | None, norm: fl
     return loss
 
 
-def _no_grad_logprobs(actor: nn.Module, mb: MicroBatch) -> Tensor:
+def _no_grad_logprobs(actor: nn.Module, mb: MicroBatch, temperature: float = 1.0) -> Tensor:
     with torch.no_grad():
-        return actor(mb.input_ids, mb.position_ids, mb.targets, mask=mb.mask)[0]
+        return actor(mb.input_ids, mb.position_ids, mb.targets, mask=mb.mask, temperature=temperature)[0]
 
 
 def _clip_and_step(model: nn.Module, opt: torch.optim.Optimizer, max_norm: float, m: _Metrics) -> Tensor:
