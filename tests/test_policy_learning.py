@@ -262,6 +262,7 @@ def test_one_seed_of_plumbing_on_the_cpu(tmp_path: Path):
     assert (seed["taught"], seed["ppo_pool"], seed["ppo_shapes"]) == (3, 27, [1])  # CPU_FAMILIES' split
     assert "rft learnt from 3 teachers; PPO drew its steps from 27 training tasks (`data.ppo_shapes=[1]`" in (
         tmp_path / "learning.md").read_text()
+    assert (seed["ppo_temperature"], seed["dynamic_tasks"]) == (1.0, 0)
     assert (tmp_path / "learning.png").stat().st_size > 0
     control = read_rows(tmp_path / "seed0" / "control")
     assert [r.label for r in control] == ["before_ppo", "after_ppo"]
@@ -333,12 +334,23 @@ def test_the_report_gives_each_learners_most_gpu_memory_from_its_updates(tmp_pat
     assert "- each learner on its GPU at most, GiB allocated / cached: seed 0 19.2 / 30.0\n" in text
 
 
+def test_the_report_says_how_ppo_sampled():
+    result = msgspec.structs.replace(_seed(0, 0.4, 0.5, 0.1), taught=39, ppo_pool=27, ppo_shapes=[1],
+                                     ppo_temperature=0.7, dynamic_tasks=4)
+    text = markdown([result], "smollm2-135m", verdicts([result]))
+    assert ("PPO drew its steps from 27 training tasks (`data.ppo_shapes=[1]`: untaught), up to 4 more a step "
+            "(dynamic sampling), its rollouts sampled at temperature 0.7.") in text
+    plain = msgspec.structs.replace(result, ppo_temperature=1.0, dynamic_tasks=0)
+    assert "untaught), its rollouts sampled at temperature 1." in markdown([plain], "smollm2-135m", verdicts([plain]))
+
+
 def test_the_report_lists_each_seeds_ppo_steps_from_its_metrics(tmp_path):
     lines = [{"step": 3, "stage": "rft", "train/sft_loss": 1.0},
              {"step": 4, "stage": "ppo", "rollout/reward_mean": -0.25, "rollout/pass_rate": 0.375,
-              "train/reward_reach": 1.0, "train/mixed_groups": 0.5, "train/entropy": 0.02},
+              "train/reward_reach": 1.0, "train/mixed_groups": 0.5, "train/entropy": 0.02, "train/logprob_gap": 0.002},
              {"step": 5, "stage": "ppo", "rollout/reward_mean": 0.5, "rollout/pass_rate": 0.75, "train/reward_reach": 0.5,
-              "train/mixed_groups": 1.0, "rollout/mixed_groups": 0.25, "rollout/groups": 8, "train/entropy": 0.04}]
+              "train/mixed_groups": 1.0, "rollout/mixed_groups": 0.25, "rollout/groups": 8, "train/entropy": 0.04,
+              "train/logprob_gap": 0.004}]
     (tmp_path / "metrics.jsonl").write_bytes(b"\n".join(orjson.dumps(m) for m in lines) + b"\n{\"step\": 6, \"sta")
     steps = ppo_steps(tmp_path)  # the cut last line of a killed run is skipped
     assert [(s.step, s.reward_mean, s.reward_reach) for s in steps] == [(4, -0.25, 1.0), (5, 0.5, 0.5)]
@@ -348,5 +360,5 @@ def test_the_report_lists_each_seeds_ppo_steps_from_its_metrics(tmp_path):
     text = markdown([result, _seed(1, 0.4, 0.5, 0.1)], "smollm2-135m", verdicts([result]))
     # the rollout's share of mixed groups where the run logs it (dynamic sampling learns from mixed groups alone)
     assert [(s.mixed_groups, s.groups) for s in steps] == [(0.5, None), (0.25, 8)]
-    assert "| 0 | -0.250 / 38% | +0.500 / 75% | 0.75 | 38% | 8 | 0.030 |" in text
-    assert "| 1 | - | - | - | - | - | - |" in text
+    assert "| 0 | -0.250 / 38% | +0.500 / 75% | 0.75 | 38% | 8 | 0.030 | 0.003 |" in text
+    assert "| 1 | - | - | - | - | - | - | - |" in text

@@ -98,6 +98,9 @@ class PpoStep(Struct, frozen=True, kw_only=True):
     dynamic sampling's included); runs before it: the share of samples learnt from (`train/mixed_groups`)."""
     groups: int | None = None  # groups rolled out (`rollout/groups`): more than tasks_per_step under dynamic sampling
     entropy: float | None = None  # the policy's mean entropy per action token, nats
+    logprob_gap: float | None = None
+    """Mean |learner - engine| log-prob per action token (`train/logprob_gap`): near 0 when the learner
+    scores the tokens under the distribution the engine sampled them from (its temperature included)."""
 
 
 class SeedResult(Struct, kw_only=True):
@@ -122,6 +125,10 @@ class SeedResult(Struct, kw_only=True):
     """Training tasks PPO drew its steps from (`rl.stages.ppo_tasks`)."""
     ppo_shapes: list[int] = []
     """The recipe's `data.ppo_shapes`: the shapes left to PPO, untaught ([]: every training task)."""
+    ppo_temperature: float = 1.0
+    """The PPO rollouts' sampling temperature (`rollout.temperature`), the learner's policy's too."""
+    dynamic_tasks: int = 0
+    """`data.dynamic_tasks`: the most tasks a PPO step draws on top of its own (0: no dynamic sampling)."""
     memory_gib: list[float] = []
     """The PPO run's learner on its GPU, at most over its updates: [peak allocated, cached] GiB
     (`train/gpu_peak_gib`, `train/gpu_reserved_gib`); [] on a CPU or before the first update."""
@@ -165,7 +172,8 @@ def seed_result(seed: int, ppo: TrainConfig, control: TrainConfig, wall_s: float
                       failures={label: failures(ppo.run_dir, label) for label in FAILURE_ROWS},
                       ppo_failures=ppo_failures(ppo.run_dir),
                       taught=len(teachers(ppo)), ppo_pool=len(ppo_tasks(training_tasks(ppo), ppo)),
-                      ppo_shapes=list(ppo.data.ppo_shapes), memory_gib=learner_memory(ppo.run_dir))
+                      ppo_shapes=list(ppo.data.ppo_shapes), ppo_temperature=ppo.rollout.temperature,
+                      dynamic_tasks=ppo.data.dynamic_tasks, memory_gib=learner_memory(ppo.run_dir))
 
 
 def heldout_new(run_dir: str | Path) -> dict[str, str]:
@@ -195,7 +203,8 @@ def ppo_steps(run_dir: str | Path) -> list[PpoStep]:
                                  pass_rate=float(m.get("rollout/pass_rate", math.nan)),
                                  reward_reach=m.get("train/reward_reach"),
                                  mixed_groups=m.get("rollout/mixed_groups", m.get("train/mixed_groups")),
-                                 groups=m.get("rollout/groups"), entropy=m.get("train/entropy")))
+                                 groups=m.get("rollout/groups"), entropy=m.get("train/entropy"),
+                                 logprob_gap=m.get("train/logprob_gap")))
     return steps
 
 
@@ -369,8 +378,9 @@ def markdown(results: list[SeedResult], policy: str, v: dict[str, Any]) -> str:
     lines = [f"# Held-out learning: {policy}", ""]
     if results and (first := results[0]).ppo_pool:
         split = f" (`data.ppo_shapes={first.ppo_shapes}`: untaught)" if first.ppo_shapes else ""
+        dynamic = f", up to {first.dynamic_tasks} more a step (dynamic sampling)" if first.dynamic_tasks else ""
         lines += [f"rft learnt from {first.taught} teachers; PPO drew its steps from {first.ppo_pool} training "
-                  f"tasks{split}.", ""]
+                  f"tasks{split}{dynamic}, its rollouts sampled at temperature {first.ppo_temperature:g}.", ""]
     lines += [("Held-out mean reward / pass rate per seed (rewards: -1 failed, 1 correct, 2 faster than eager, "
                "3 also than torch.compile)."), "",
               ("| seed | before rft | after rft | after PPO | control (actor lr 0) | PPO - control "
@@ -407,15 +417,16 @@ def markdown(results: list[SeedResult], policy: str, v: dict[str, Any]) -> str:
         lines += ["", "PPO steps on the training split (rollout mean reward / pass rate), and over the steps: the "
                       "reward's weight on each sample's first action (`train/reward_reach`), the share of groups "
                       "whose rewards differ (`rollout/mixed_groups`), the groups rolled out a step (more than the "
-                      "step's tasks under dynamic sampling), the policy's entropy per action token:", "",
+                      "step's tasks under dynamic sampling), the policy's entropy per action token, and the "
+                      "learner's mean log-prob gap to the engine's per action token (`train/logprob_gap`):", "",
                   "| seed | " + " | ".join(f"step {k + 1}" for k in range(steps)) + " | reward reach | mixed groups "
-                  "| groups | entropy |",
-                  "|---" * (steps + 5) + "|"]
+                  "| groups | entropy | logprob gap |",
+                  "|---" * (steps + 6) + "|"]
         for r in results:
             cells = [f"{x.reward_mean:+.3f} / {100 * x.pass_rate:.0f}%" for x in r.ppo_steps]
             cells += ["-"] * (steps - len(cells))
             for field, form in (("reward_reach", "{:.3g}"), ("mixed_groups", "{:.0%}"), ("groups", "{:.3g}"),
-                                ("entropy", "{:.3f}")):
+                                ("entropy", "{:.3f}"), ("logprob_gap", "{:.3g}")):
                 values = [getattr(x, field) for x in r.ppo_steps if getattr(x, field) is not None]
                 cells.append(form.format(statistics.fmean(values)) if values else "-")
             lines.append(f"| {r.seed} | " + " | ".join(cells) + " |")
