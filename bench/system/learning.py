@@ -4,12 +4,13 @@ What it is: the learner exactly as training uses it (`build_actor`, `build_criti
 on packed `Sample`s) on a task a 2-layer model can learn in a few dozen steps. The prompt is
 one fixed token; the policy generates `gen_tokens` tokens in two turns with one "tool output"
 token between them (mask 0, so the masking path is exercised); the reward is the fraction of
-generated tokens equal to `TARGET`. Sampling is a plain torch loop at temperature 1 that records
-the behaviour log-probs, as the rollout engine would. Prints the reward curve.
+generated tokens equal to `TARGET`. Sampling is a plain torch loop at `temperature` (1 by default)
+that records the behaviour log-probs of softmax(logits / temperature), as the rollout engine would, and
+PPO's policy is the same tempered distribution. Prints the reward curve.
 What it is not: a speed benchmark (`bench/system/learner.py`) or a test (`tests/test_learning.py`
 runs a short version of `train` and asserts the reward rose).
 
-    python -m bench.system.learning [--steps 60] [--seed 0] [--batch 32] [--device cpu]
+    python -m bench.system.learning [--steps 60] [--seed 0] [--batch 32] [--temperature 1] [--device cpu]
 
 `--policy NAME` runs the other check instead, a pretrained policy on real kernel tasks against a
 control (`bench.system.policy_learning`):
@@ -52,11 +53,14 @@ class LearningConfig(Struct, frozen=True, kw_only=True):
     """Adam learning rate of the critic."""
     seed: int = 0
     """Seeds the model init and the sampler."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts and of PPO's policy."""
 
 
 @torch.no_grad()
-def sample_batch(actor, batch: int, gen_tokens: int, generator: torch.Generator) -> list[Sample]:
-    """`batch` episodes from the current policy at temperature 1, with behaviour log-probs.
+def sample_batch(actor, batch: int, gen_tokens: int, generator: torch.Generator,
+                 temperature: float = 1.0) -> list[Sample]:
+    """`batch` episodes from the current policy at `temperature`, with behaviour log-probs.
     `generator` lives on the actor's device."""
     device = generator.device
     ids = torch.full((batch, 1), PROMPT, dtype=torch.long, device=device)
@@ -69,7 +73,7 @@ def sample_batch(actor, batch: int, gen_tokens: int, generator: torch.Generator)
             logprobs.append(0.0)
             continue
         logits = actor.lm(input_ids=ids, use_cache=False).logits[:, -1].float()  # [B, V]
-        logp = torch.log_softmax(logits, dim=-1)  # [B, V]
+        logp = torch.log_softmax(logits / temperature, dim=-1)  # [B, V]
         token = torch.multinomial(logp.exp(), 1, generator=generator)  # [B, 1]
         ids = torch.cat([ids, token], dim=1)
         mask.append(1)
@@ -105,9 +109,9 @@ def train(cfg: LearningConfig, ppo: PPOConfig | None = None, *, device: str = "c
     generator = torch.Generator(device).manual_seed(cfg.seed)
     curve = []
     for step in range(cfg.steps):
-        samples = sample_batch(actor, cfg.batch, cfg.gen_tokens, generator)
+        samples = sample_batch(actor, cfg.batch, cfg.gen_tokens, generator, cfg.temperature)
         curve.append(sum(s.reward for s in samples) / len(samples))
-        metrics = ppo_step(actor, critic, actor_opt, critic_opt, samples, ppo, device)
+        metrics = ppo_step(actor, critic, actor_opt, critic_opt, samples, ppo, device, temperature=cfg.temperature)
         if log is not None:
             log(step, curve[-1], metrics)
     return curve
@@ -118,6 +122,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--temperature", type=float, default=1.0, help="the rollouts' and PPO's policy's")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--policy", default="toy",
                         help="toy (this module's task), or a model (smollm2-135m, an HF directory; tiny: the "
@@ -142,12 +147,13 @@ def main() -> None:
         print(
             f"step {step:3d}  reward {reward:.3f}  policy_loss {m['policy_loss']:+.4f}  "
             f"value_loss {m['value_loss']:.4f}  entropy {m['entropy']:.3f}  "
-            f"explained_variance {m['explained_variance']:+.3f}",
+            f"explained_variance {m['explained_variance']:+.3f}  logprob_gap {m['logprob_gap']:.2g}",
             flush=True,
         )
 
     t0 = time.perf_counter()
-    curve = train(LearningConfig(steps=args.steps, seed=args.seed, batch=args.batch), device=args.device, log=log)
+    curve = train(LearningConfig(steps=args.steps, seed=args.seed, batch=args.batch, temperature=args.temperature),
+                  device=args.device, log=log)
     k = max(1, len(curve) // 10)
     first, last = sum(curve[:k]) / k, sum(curve[-k:]) / k
     print(f"mean reward: first {k} steps {first:.3f}, last {k} steps {last:.3f} ({time.perf_counter() - t0:.1f} s)")
