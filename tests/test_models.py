@@ -166,14 +166,16 @@ def test_cuda_actor_uses_flex_attention_and_packed_rows_equal_separate_rows():
 
 @pytest.mark.gpu
 def test_cuda_compiled_head_stats_equal_eager_values_and_gradients():
-    """The fused (compiled) log-softmax / entropy over LM-head chunks matches the eager ops."""
+    """The fused (compiled) log-softmax / entropy over LM-head chunks matches the eager ops, at
+    temperature 1 and at a rollout temperature of 0.7."""
     from rl.learner.models import _compiled_stats, _logit_stats
 
     g = torch.Generator(device="cuda").manual_seed(0)
-    for rows in (64, 64, 23):  # a second static call, then a shorter last chunk (dynamic)
+    # a second static call, then a shorter last chunk (dynamic), then the same at temperature 0.7
+    for rows, t in ((64, 1.0), (64, 1.0), (23, 1.0), (64, 0.7), (23, 0.7)):
         logits = torch.randn(rows, 5000, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
         targets = torch.randint(0, 5000, (rows,), device="cuda", generator=g)
-        want, got = _logit_stats(logits, targets), _compiled_stats()(logits, targets)
+        want, got = _logit_stats(logits, targets, t), _compiled_stats()(logits, targets, t)
         grad_want = torch.autograd.grad(want[0].sum() + 0.1 * want[1].sum(), logits)[0]
         grad_got = torch.autograd.grad(got[0].sum() + 0.1 * got[1].sum(), logits)[0]
         for w, o in zip(want, got):
