@@ -20,6 +20,7 @@ from bench.system.policy_learning import (
     heldout_new,
     learner_memory,
     main_policy,
+    main_report,
     markdown,
     mean_se,
     passes_by_new,
@@ -275,6 +276,30 @@ def test_one_seed_of_plumbing_on_the_cpu(tmp_path: Path):
         assert (row.max_turns, row.max_new_tokens, row.temperature) == (
             cpu.rollout.max_turns, cpu.rollout.max_new_tokens, cpu.data.heldout_temperature)
         assert row.seconds > 0
+    # A run cut short: its report again from the run directories alone, nothing trained (no new rows).
+    before = (tmp_path / "learning.md").read_text()
+    rows = (tmp_path / "seed0" / "ppo" / "heldout.jsonl").read_bytes()
+    for name in ("learning.md", "learning.json", "learning.png"):
+        (tmp_path / name).unlink()
+    assert main_report("tiny", 1, tmp_path, [], cpu=True) == code
+    again = (tmp_path / "learning.md").read_text()
+    assert (tmp_path / "seed0" / "ppo" / "heldout.jsonl").read_bytes() == rows
+    assert again == _without_wall(before)
+    assert (tmp_path / "learning.png").stat().st_size > 0
+
+
+def _without_wall(report: str) -> str:
+    """`report` as written without what only the live run knows: the whole run's wall time, and the
+    seed's (the last cell of the first table's row)."""
+    lines = [line for line in report.splitlines(keepends=True) if not line.startswith("- the whole run:")]
+    row = next(i for i, line in enumerate(lines) if line.startswith("| 0 |"))
+    lines[row] = lines[row].rstrip("\n").rsplit("|", 2)[0] + "| - |\n"
+    return "".join(lines)
+
+
+def test_a_report_without_run_directories_is_a_one_line_error(tmp_path):
+    with pytest.raises(SystemExit, match="no seed's run directory under"):
+        main_report("tiny", 3, tmp_path, [], cpu=True)
 
 
 def test_gpus_are_indices_among_the_gpus_this_process_sees(monkeypatch):

@@ -17,6 +17,9 @@
 # The benchmark runs in its own process session and outlives a call on the warm machine: call again at once
 # (`WAIT_S=560 bash bench/device/learning.sh`, same carry) to wait for more; each call packs what is done into
 # $OUT (learning.md/json/png, each run's heldout.jsonl and metrics, the log). SETS: extra `--set` overrides.
+# A run cut short (the device budget): its report from what came back, on any machine, training nothing:
+#   tar xzf learning_runs.tgz -C DIR && python -m bench.system.learning --policy smollm2-135m --seeds 3 \
+#       --out DIR/out --set KEY=VALUE ... --report   (the run's own SETS)
 source "$(dirname "$0")/preamble.sh"
 L=/tmp/learning
 if [ ! -f $L/started ]; then

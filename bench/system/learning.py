@@ -16,6 +16,9 @@ runs a short version of `train` and asserts the reward rose).
 control (`bench.system.policy_learning`):
 
     python -m bench.system.learning --policy smollm2-135m --seeds 3 [--gpus 0,1,2] [--out DIR] [--set KEY=VALUE ...]
+
+and with `--report` writes that check's report from the run directories already in --out (a run cut short and
+copied back from its machine), training nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from pathlib import Path
 import torch
 from msgspec import Struct
 
-from bench.system.policy_learning import main_policy
+from bench.system.policy_learning import main_policy, main_report
 from rl.learner.models import ModelConfig, build_actor, build_critic, tiny_qwen2_config
 from rl.learner.update import PPOConfig, ppo_step
 from rl.samples import Sample
@@ -137,7 +140,12 @@ def main() -> None:
                              "another in this process")
     parser.add_argument("--cpu", action="store_true",
                         help="--policy: the smoke_cpu recipe (fake kernel environment; plumbing only)")
+    parser.add_argument("--report", action="store_true",
+                        help="--policy: write the report from the run directories already in --out (a run cut "
+                             "short), training nothing; give the run's own --seeds, --set and --cpu")
     args = parser.parse_args()
+    if args.policy != "toy" and args.report:
+        raise SystemExit(main_report(args.policy, args.seeds, Path(args.out), args.set, cpu=args.cpu))
     if args.policy != "toy":
         gpus = [g.strip() for g in args.gpus.split(",") if g.strip()] if args.gpus else None
         raise SystemExit(main_policy(args.policy, args.seeds, Path(args.out), args.set, cpu=args.cpu, gpus=gpus))

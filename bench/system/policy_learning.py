@@ -394,7 +394,8 @@ def markdown(results: list[SeedResult], policy: str, v: dict[str, Any]) -> str:
             diff = f"{_reward(r.ppo['after_ppo']) - _reward(r.control['after_ppo']):+.3f}"
             higher, lower, both = changed_tasks(r.ppo["after_ppo"], r.control["after_ppo"])
             moved = f"{higher} / {lower} of {both}"
-        lines.append(f"| {r.seed} | " + " | ".join(cells) + f" | {diff} | {moved} | {r.wall_s:.0f} |")
+        wall = "-" if math.isnan(r.wall_s) else f"{r.wall_s:.0f}"
+        lines.append(f"| {r.seed} | " + " | ".join(cells) + f" | {diff} | {moved} | {wall} |")
     if any(row.shared_from for r in results for row in (*r.ppo.values(), *r.control.values())):
         lines += ["", "\\* the same weights' greedy evaluation in another run, not repeated (`Row.shared_from`)."]
     rft = v["after_rft_pass_rate"]
@@ -549,6 +550,25 @@ def main_policy(policy: str, seeds: int, out: Path, overrides: list[str], *, cpu
     return 0 if v["pass_target_met"] and v["ppo_beats_control"] else 1
 
 
+def main_report(policy: str, seeds: int, out: Path, overrides: list[str], *, cpu: bool = False) -> int:
+    """Write learning.{json,md,png} in `out` from the seeds' run directories already there (a run cut
+    short and copied back), training nothing: the same report, each seed's wall time unknown ("-");
+    0 when both targets are met. `policy`, `overrides` and `cpu` must be the run's own: they name
+    its directories and its task split."""
+    _log_setup()
+    base = base_config(policy, cpu=cpu)
+    results = []
+    for seed in range(seeds):
+        ppo, control = seed_configs(base, out, seed, overrides)
+        if Path(ppo.run_dir).is_dir():
+            results.append(seed_result(seed, ppo, control, math.nan))
+    if not results:
+        raise SystemExit(f"learning report: no seed's run directory under {out} (expected {out / 'seed0' / 'ppo'})")
+    v = _write(out, policy, results)
+    print((out / "learning.md").read_text())
+    return 0 if v["pass_target_met"] and v["ppo_beats_control"] else 1
+
+
 async def _seeds_on_gpus(policy: str, seeds: int, out: Path, overrides: list[str], cpu: bool,
                          gpus: list[str]) -> list[SeedResult]:
     """Seeds k, k + len(gpus), ... one after another on gpus[k], the lanes at once; the report is
@@ -651,6 +671,7 @@ def _write(out: Path, policy: str, results: list[SeedResult], wall_s: float | No
 
 
 __all__ = ["PpoStep", "SeedResult", "base_config", "child_device", "control_rows", "learner_memory", "main_policy",
+           "main_report",
            "main_seed", "mean_se", "memory_share", "ppo_steps", "run_seed", "seed_configs", "share_demonstrations",
            "shared_base_row", "verdicts"]
 
