@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 import torch
 
@@ -51,6 +52,7 @@ def _sample(prompt: list[int], output: list[int], logprobs: list[float], reward:
 def test_actor_logprobs_and_entropy_at_a_temperature_are_the_scaled_softmax():
     cfg = ModelConfig(hf_config=tiny_qwen2_config(vocab_size=64, hidden=32, intermediate=64), logprob_chunk_tokens=7)
     actor = build_actor(cfg, "cpu").eval()
+    on_actions = Actor(actor.lm, cfg.logprob_chunk_tokens, head_on_actions_only=True)  # the same weights
     g = torch.Generator().manual_seed(0)
     ids, targets = torch.randint(0, 64, (1, 19), generator=g), torch.randint(0, 64, (1, 19), generator=g)
     pos = torch.arange(19)[None]
@@ -63,9 +65,7 @@ def test_actor_logprobs_and_entropy_at_a_temperature_are_the_scaled_softmax():
         got, entropy = actor(ids, pos, targets, temperature=t)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
         torch.testing.assert_close(entropy, want_entropy, atol=1e-5, rtol=0)
-        actor.head_on_actions_only = True  # the LM head on the masked positions only: the same values there
-        got, _ = actor(ids, pos, targets, mask=mask, temperature=t)
-        actor.head_on_actions_only = False
+        got, _ = on_actions(ids, pos, targets, mask=mask, temperature=t)  # the LM head on the masked positions
         torch.testing.assert_close(got[mask > 0], want[mask > 0], atol=1e-5, rtol=0)
 
 
@@ -111,8 +111,8 @@ def test_the_learner_rank_trains_at_the_configured_rollout_temperature():
                    behaviour_logprobs=[0.0] * 40, reward=1.0, weight_version=0)
     (lp,) = compute_logprobs(at_half.actor, [plain], at_half.cfg.ppo, "cpu", temperature=0.5)
     behaviour = [0.0] * 10 + lp[10:].tolist()  # what an engine sampling at 0.5 reports for these tokens
-    samples = [Sample(**{**{f: getattr(plain, f) for f in plain.__struct_fields__}, "sample_id": f"s{r}",
-                         "behaviour_logprobs": behaviour, "reward": r}) for r in (1.0, -1.0)]
+    samples = [msgspec.structs.replace(plain, sample_id=f"s{r}", behaviour_logprobs=behaviour, reward=r)
+               for r in (1.0, -1.0)]
     assert at_half.step("ppo", samples)["logprob_gap"] < 1e-4
     assert learner(1.0).step("ppo", samples)["logprob_gap"] > 1e-2
 

@@ -545,9 +545,7 @@ def main_policy(policy: str, seeds: int, out: Path, overrides: list[str], *, cpu
         for seed in range(seeds):
             results.append(run_seed(base, out, seed, overrides))
             _write(out, policy, results)
-    v = _write(out, policy, results, time.monotonic() - t0)
-    print((out / "learning.md").read_text())
-    return 0 if v["pass_target_met"] and v["ppo_beats_control"] else 1
+    return _report(out, policy, results, time.monotonic() - t0)
 
 
 def main_report(policy: str, seeds: int, out: Path, overrides: list[str], *, cpu: bool = False) -> int:
@@ -564,7 +562,12 @@ def main_report(policy: str, seeds: int, out: Path, overrides: list[str], *, cpu
             results.append(seed_result(seed, ppo, control, math.nan))
     if not results:
         raise SystemExit(f"learning report: no seed's run directory under {out} (expected {out / 'seed0' / 'ppo'})")
-    v = _write(out, policy, results)
+    return _report(out, policy, results)
+
+
+def _report(out: Path, policy: str, results: list[SeedResult], wall_s: float | None = None) -> int:
+    """The final report written and printed; 0 when both targets are met."""
+    v = _write(out, policy, results, wall_s)
     print((out / "learning.md").read_text())
     return 0 if v["pass_target_met"] and v["ppo_beats_control"] else 1
 
