@@ -34,6 +34,9 @@ class Sample(Struct, frozen=True, kw_only=True):
     weight_version: int
     """Oldest policy version that generated any of the tokens."""
     truncated: bool = False
+    demonstration: bool = False
+    """A demonstration that a PPO update imitates (`PPOConfig.sft_coef`: rft's samples beside the
+    rollouts) instead of scoring it; its reward and log-probs are not read."""
 
     @property
     def num_actions(self) -> int:

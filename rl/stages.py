@@ -239,6 +239,10 @@ class Collection:
             picked.append(self.samples[_epoch_order(self.seed, epoch, total)[position]])
         return picked
 
+    def demonstrations(self, k: int) -> list[Sample]:
+        """Batch `k` marked as demonstrations, which a PPO update imitates (`ppo.sft_coef`)."""
+        return [msgspec.structs.replace(s, demonstration=True) for s in self.batch(k)]
+
 
 @functools.lru_cache(maxsize=8)
 def _epoch_order(seed: int, epoch: int, total: int) -> tuple[int, ...]:
@@ -390,7 +394,9 @@ def step_row(run: Run, stage: Stage, step: int, *, trajs: list[Trajectory] | Non
     row: dict[str, Any] = {"stage": stage.name, "step": step, "stage_index": STAGE_INDEX[stage.name]}
     if trajs is not None:
         figures = step_metrics(trajs, max_response_tokens=run.cfg.rollout.max_context_tokens, current_version=version)
-        row |= {f"rollout/{k}": v for k, v in figures.items()} | {"samples": len(samples)}
+        demos = sum(s.demonstration for s in samples)  # rft's samples beside the rollouts (ppo.sft_coef)
+        row |= {f"rollout/{k}": v for k, v in figures.items()} | {"samples": len(samples) - demos}
+        row |= {"demonstrations": demos} if demos else {}
         groups = {t.group_id for t in trajs}  # dynamic sampling draws more of them
         row |= {"rollout/groups": len(groups),
                 "rollout/mixed_groups": len(dynamic_sampling.mixed_groups(trajs)) / max(len(groups), 1)}

@@ -121,6 +121,7 @@ async def train(run: Run) -> list[dict]:
     tasks, plan = stages.training_tasks(cfg), stages.stage_plan(cfg)
     progress = ProgressBar(plan[-1].end, start_step=start)
     rows: list[dict] = []
+    taught: Collection | None = None  # rft's collection (stored: read back), which PPO imitates under ppo.sft_coef
     with MetricsWriter(run.run_dir, start_step=start) as metrics:  # drops lines of steps >= start
         # the held-out split (data.heldout): before training and after each stage that moves the actor,
         # each time alongside the collection of the stage that follows (`early`)
@@ -137,6 +138,9 @@ async def train(run: Run) -> list[dict]:
                     times["time/rollout_s"] = time.perf_counter() - t_step
                     samples = stages.usable_samples(trajs, version, cfg.max_staleness,
                                                     mixed_only=cfg.data.dynamic_tasks > 0)
+                    if samples and stage.name == "ppo" and cfg.ppo.sft_coef > 0:  # rft's samples beside them
+                        taught = taught or await stages.collect(run, tasks, "rft")
+                        samples += taught.demonstrations(step - stage.first)
                     sync = True
                 else:  # a batch of the stage's one collection
                     if collection is None:

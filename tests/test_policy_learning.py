@@ -263,7 +263,7 @@ def test_one_seed_of_plumbing_on_the_cpu(tmp_path: Path):
     assert (seed["taught"], seed["ppo_pool"], seed["ppo_shapes"]) == (3, 27, [1])  # CPU_FAMILIES' split
     assert "rft learnt from 3 teachers; PPO drew its steps from 27 training tasks (`data.ppo_shapes=[1]`" in (
         tmp_path / "learning.md").read_text()
-    assert (seed["ppo_temperature"], seed["dynamic_tasks"]) == (1.0, 0)
+    assert (seed["ppo_temperature"], seed["dynamic_tasks"], seed["ppo_sft_coef"]) == (1.0, 0, 0.0)
     assert (tmp_path / "learning.png").stat().st_size > 0
     control = read_rows(tmp_path / "seed0" / "control")
     assert [r.label for r in control] == ["before_ppo", "after_ppo"]
@@ -365,8 +365,12 @@ def test_the_report_says_how_ppo_sampled():
     text = markdown([result], "smollm2-135m", verdicts([result]))
     assert ("PPO drew its steps from 27 training tasks (`data.ppo_shapes=[1]`: untaught), up to 4 more a step "
             "(dynamic sampling), its rollouts sampled at temperature 0.7.") in text
+    assert "rft's demonstrations" not in text
     plain = msgspec.structs.replace(result, ppo_temperature=1.0, dynamic_tasks=0)
     assert "untaught), its rollouts sampled at temperature 1." in markdown([plain], "smollm2-135m", verdicts([plain]))
+    anchored = msgspec.structs.replace(result, ppo_sft_coef=0.5)
+    assert ("temperature 0.7. Each PPO update also imitated a batch of rft's demonstrations, their NLL weighted 0.5 "
+            "(`ppo.sft_coef`).") in markdown([anchored], "smollm2-135m", verdicts([anchored]))
 
 
 def test_the_report_lists_each_seeds_ppo_steps_from_its_metrics(tmp_path):
@@ -387,3 +391,10 @@ def test_the_report_lists_each_seeds_ppo_steps_from_its_metrics(tmp_path):
     assert [(s.mixed_groups, s.groups) for s in steps] == [(0.5, None), (0.25, 8)]
     assert "| 0 | -0.250 / 38% | +0.500 / 75% | 0.75 | 38% | 8 | 0.030 | 0.003 |" in text
     assert "| 1 | - | - | - | - | - | - | - |" in text
+    assert "demonstrations' NLL" not in text
+    # under ppo.sft_coef each step logs its demonstrations' NLL: the table gives its first and last
+    anchored = [msgspec.structs.replace(x, sft_loss=loss) for x, loss in zip(steps, (0.012, 0.0345))]
+    result = msgspec.structs.replace(result, ppo_steps=anchored)
+    text = markdown([result, _seed(1, 0.4, 0.5, 0.1)], "smollm2-135m", verdicts([result]))
+    assert "| 0 | -0.250 / 38% | +0.500 / 75% | 0.75 | 38% | 8 | 0.030 | 0.003 | 0.012 -> 0.0345 |" in text
+    assert "| 1 | - | - | - | - | - | - | - | - |" in text

@@ -345,6 +345,32 @@ def test_sft_steps_lower_the_nll(models):
     assert losses[-1] < losses[0] - 0.1
 
 
+def _demos(n: int = 3, seed: int = 9) -> list[Sample]:
+    return [msgspec.structs.replace(s, sample_id=f"d{i}", demonstration=True) for i, s in enumerate(batch(n, seed))]
+
+
+def test_demonstrations_add_sft_coef_times_their_nll_gradient_to_the_actors(models):
+    """ppo.sft_coef: the actor's gradient is PPO's on the rollouts plus sft_coef times the NLL's on
+    the demonstrations (a token mean of their own); the critic's is PPO's alone."""
+    actor, _ = models
+    ppo_actor, ppo_critic, plain = grads(models, batch())
+    nll = Recorder(actor.parameters())
+    sft_step(actor, nll, _demos(), EXACT, "cpu")
+    coef = 0.5
+    got_actor, got_critic, m = grads(models, batch(), msgspec.structs.replace(EXACT, sft_coef=coef),
+                                     demonstrations=_demos())
+    assert_same(got_actor, [p + coef * d for p, d in zip(ppo_actor, nll.grads)], atol=1e-5)
+    assert_same(got_critic, ppo_critic)
+    assert m["sft_loss"] > 0
+    for key in ("policy_loss", "value_loss", "advantage_mean", "tokens", "action_tokens"):
+        assert m[key] == pytest.approx(plain[key], rel=1e-6), key
+
+
+def test_demonstrations_without_sft_coef_are_refused(models):
+    with pytest.raises(ValueError, match="sft_coef"):
+        grads(models, batch(), demonstrations=_demos())
+
+
 def test_value_steps_lower_the_value_loss(models):
     _, critic = models
     opt = torch.optim.Adam(critic.parameters(), lr=1e-2)
@@ -360,6 +386,7 @@ def test_value_steps_lower_the_value_loss(models):
 
 DIST_CFG = PPOConfig(max_grad_norm=1e9, token_budget=24, tis_cap=2.0, normalize_advantages=True)
 GROUP_CFG = msgspec.structs.replace(DIST_CFG, baseline="group", normalize_advantages=False)
+ANCHOR_CFG = msgspec.structs.replace(GROUP_CFG, sft_coef=0.5)
 
 
 def _grouped(samples: list[Sample]) -> list[Sample]:
@@ -397,9 +424,13 @@ def _worker(out) -> None:
     after = [{k: v.clone() for b in full_state_items(m, 1 << 20) for k, v in b} for m in (actor, critic)]
     grouped = ppo_step(actor, critic, _sgd(actor), _sgd(critic), _grouped(share), GROUP_CFG, "cpu")
     after_grouped = [{k: v.clone() for b in full_state_items(m, 1 << 20) for k, v in b} for m in (actor, critic)]
+    demos = _demos()[d.rank::2]  # two on rank 0, one on rank 1: their micro-batches are padded to line up
+    anchored = ppo_step(actor, critic, _sgd(actor), _sgd(critic), share, ANCHOR_CFG, "cpu", demonstrations=demos)
+    after_anchored = {k: v.clone() for b in full_state_items(actor, 1 << 20) for k, v in b}
     if d.is_main:
         torch.save({"metrics": metrics, "after": after, "micro_batches": counts, "grouped": grouped,
-                    "after_grouped": after_grouped}, out / "result.pt")
+                    "after_grouped": after_grouped, "anchored": anchored, "after_anchored": after_anchored},
+                   out / "result.pt")
     close_distributed(sync=True)
 
 
@@ -431,6 +462,9 @@ def two_ranks(tmp_path_factory):
     ref_after = state()
     ref["grouped"] = ppo_step(actor, critic, _sgd(actor), _sgd(critic), _grouped(batch(7, seed=4)), GROUP_CFG, "cpu")
     result["ref_after_grouped"] = state()
+    ref["anchored"] = ppo_step(actor, critic, _sgd(actor), _sgd(critic), batch(7, seed=4), ANCHOR_CFG, "cpu",
+                               demonstrations=_demos())
+    result["ref_after_anchored"] = state()[0]
     return result, ref, ref_after
 
 
@@ -458,6 +492,16 @@ def test_two_ranks_group_baseline_equals_one_process(two_ranks):
         torch.testing.assert_close(got[k], want[k], atol=2e-5, rtol=1e-4, msg=k)
     for key in ("policy_loss", "value_loss", "advantage_mean", "reward_reach", "mixed_groups"):
         assert result["grouped"][key] == pytest.approx(ref["grouped"][key], rel=1e-4, abs=1e-6), key
+
+
+def test_two_ranks_with_demonstrations_equal_one_process(two_ranks):
+    """ppo.sft_coef over two ranks holding different numbers of demonstrations: the NLL is the
+    global token mean, as in one process."""
+    result, ref, _ = two_ranks
+    got, want = result["after_anchored"], result["ref_after_anchored"]
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], atol=2e-5, rtol=1e-4, msg=k)
+    assert result["anchored"]["sft_loss"] == pytest.approx(ref["anchored"]["sft_loss"], rel=1e-4)
 
 
 def test_two_ranks_metrics_equal_one_process(two_ranks):
@@ -490,10 +534,11 @@ def test_ppo_step_on_cuda_under_fsdp_bf16_mixed_precision():
         for m in (actor, critic):
             shard(m, layers=layers(m), mixed_precision=True)
         a, c = Recorder(actor.parameters()), Recorder(critic.parameters())
-        m = ppo_step(actor, critic, a, c, batch(8), PPOConfig(token_budget=48, tis_cap=2.0), "cuda")
+        m = ppo_step(actor, critic, a, c, batch(8), PPOConfig(token_budget=48, tis_cap=2.0, sft_coef=0.5), "cuda",
+                     demonstrations=_demos())
     finally:
         close_distributed(sync=True)
-    assert m["ratio_max"] == 1.0 and m["clipfrac"] == 0.0
+    assert m["ratio_max"] == 1.0 and m["clipfrac"] == 0.0 and m["sft_loss"] > 0
     assert all(math.isfinite(v) for k, v in m.items() if k != "explained_variance")
     for g in a.grads + c.grads:
         local = g.to_local() if hasattr(g, "to_local") else g

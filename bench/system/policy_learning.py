@@ -101,6 +101,9 @@ class PpoStep(Struct, frozen=True, kw_only=True):
     logprob_gap: float | None = None
     """Mean |learner - engine| log-prob per action token (`train/logprob_gap`): near 0 when the learner
     scores the tokens under the distribution the engine sampled them from (its temperature included)."""
+    sft_loss: float | None = None
+    """The NLL per action token of the step's batch of rft's demonstrations (`train/sft_loss`, under
+    `ppo.sft_coef`): rising over the steps, PPO moves the policy away from what rft taught."""
 
 
 class SeedResult(Struct, kw_only=True):
@@ -129,6 +132,8 @@ class SeedResult(Struct, kw_only=True):
     """The PPO rollouts' sampling temperature (`rollout.temperature`), the learner's policy's too."""
     dynamic_tasks: int = 0
     """`data.dynamic_tasks`: the most tasks a PPO step draws on top of its own (0: no dynamic sampling)."""
+    ppo_sft_coef: float = 0.0
+    """`ppo.sft_coef`: the weight of rft's demonstrations' NLL in each PPO update (0: none)."""
     memory_gib: list[float] = []
     """The PPO run's learner on its GPU, at most over its updates: [peak allocated, cached] GiB
     (`train/gpu_peak_gib`, `train/gpu_reserved_gib`); [] on a CPU or before the first update."""
@@ -173,7 +178,7 @@ def seed_result(seed: int, ppo: TrainConfig, control: TrainConfig, wall_s: float
                       ppo_failures=ppo_failures(ppo.run_dir),
                       taught=len(teachers(ppo)), ppo_pool=len(ppo_tasks(training_tasks(ppo), ppo)),
                       ppo_shapes=list(ppo.data.ppo_shapes), ppo_temperature=ppo.rollout.temperature,
-                      dynamic_tasks=ppo.data.dynamic_tasks, memory_gib=learner_memory(ppo.run_dir))
+                      dynamic_tasks=ppo.data.dynamic_tasks, ppo_sft_coef=ppo.ppo.sft_coef, memory_gib=learner_memory(ppo.run_dir))
 
 
 def heldout_new(run_dir: str | Path) -> dict[str, str]:
@@ -204,7 +209,7 @@ def ppo_steps(run_dir: str | Path) -> list[PpoStep]:
                                  reward_reach=m.get("train/reward_reach"),
                                  mixed_groups=m.get("rollout/mixed_groups", m.get("train/mixed_groups")),
                                  groups=m.get("rollout/groups"), entropy=m.get("train/entropy"),
-                                 logprob_gap=m.get("train/logprob_gap")))
+                                 logprob_gap=m.get("train/logprob_gap"), sft_loss=m.get("train/sft_loss")))
     return steps
 
 
@@ -379,8 +384,11 @@ def markdown(results: list[SeedResult], policy: str, v: dict[str, Any]) -> str:
     if results and (first := results[0]).ppo_pool:
         split = f" (`data.ppo_shapes={first.ppo_shapes}`: untaught)" if first.ppo_shapes else ""
         dynamic = f", up to {first.dynamic_tasks} more a step (dynamic sampling)" if first.dynamic_tasks else ""
+        anchor = (f" Each PPO update also imitated a batch of rft's demonstrations, their NLL weighted "
+                  f"{first.ppo_sft_coef:g} (`ppo.sft_coef`).") if first.ppo_sft_coef else ""
         lines += [f"rft learnt from {first.taught} teachers; PPO drew its steps from {first.ppo_pool} training "
-                  f"tasks{split}{dynamic}, its rollouts sampled at temperature {first.ppo_temperature:g}.", ""]
+                  f"tasks{split}{dynamic}, its rollouts sampled at temperature {first.ppo_temperature:g}.{anchor}",
+                  ""]
     lines += [("Held-out mean reward / pass rate per seed (rewards: -1 failed, 1 correct, 2 faster than eager, "
                "3 also than torch.compile)."), "",
               ("| seed | before rft | after rft | after PPO | control (actor lr 0) | PPO - control "
@@ -415,14 +423,17 @@ def markdown(results: list[SeedResult], policy: str, v: dict[str, Any]) -> str:
     trained = {t for r in results for t, kind in r.heldout_new.items() if kind in NEW_GROUPS[0][1]}
     lines += failure_lines(((r.seed, r.failures) for r in results), trained)
     if steps := max((len(r.ppo_steps) for r in results), default=0):
+        anchored = any(x.sft_loss is not None for r in results for x in r.ppo_steps)
         lines += ["", "PPO steps on the training split (rollout mean reward / pass rate), and over the steps: the "
                       "reward's weight on each sample's first action (`train/reward_reach`), the share of groups "
                       "whose rewards differ (`rollout/mixed_groups`), the groups rolled out a step (more than the "
                       "step's tasks under dynamic sampling), the policy's entropy per action token, and the "
-                      "learner's mean log-prob gap to the engine's per action token (`train/logprob_gap`):", "",
+                      "learner's mean log-prob gap to the engine's per action token (`train/logprob_gap`)" +
+                      (", and the NLL per action token of the step's batch of rft's demonstrations at its first "
+                       "and last step (`train/sft_loss`, `ppo.sft_coef`)" if anchored else "") + ":", "",
                   "| seed | " + " | ".join(f"step {k + 1}" for k in range(steps)) + " | reward reach | mixed groups "
-                  "| groups | entropy | logprob gap |",
-                  "|---" * (steps + 6) + "|"]
+                  "| groups | entropy | logprob gap |" + (" demonstrations' NLL |" if anchored else ""),
+                  "|---" * (steps + 6 + anchored) + "|"]
         for r in results:
             cells = [f"{x.reward_mean:+.3f} / {100 * x.pass_rate:.0f}%" for x in r.ppo_steps]
             cells += ["-"] * (steps - len(cells))
@@ -430,6 +441,9 @@ def markdown(results: list[SeedResult], policy: str, v: dict[str, Any]) -> str:
                                 ("entropy", "{:.3f}"), ("logprob_gap", "{:.3g}")):
                 values = [getattr(x, field) for x in r.ppo_steps if getattr(x, field) is not None]
                 cells.append(form.format(statistics.fmean(values)) if values else "-")
+            if anchored:
+                nll = [x.sft_loss for x in r.ppo_steps if x.sft_loss is not None]
+                cells.append(f"{nll[0]:.3g} -> {nll[-1]:.3g}" if nll else "-")
             lines.append(f"| {r.seed} | " + " | ".join(cells) + " |")
     lines += ppo_markdown_lines((r.seed, r.ppo_failures) for r in results)
     return "\n".join([*lines, ""])

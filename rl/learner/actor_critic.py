@@ -81,10 +81,12 @@ class Learner:
         samples = balance(samples, self.dist.world_size, self.dist.rank)  # this rank's share, by tokens
         if kind == "ppo":
             temperature = policy_temperature(self.cfg.rollout.temperature)
+            demos = [s for s in samples if s.demonstration]  # rft's samples beside the rollouts (ppo.sft_coef)
+            samples = [s for s in samples if not s.demonstration]
             ref = (compute_logprobs(self._reference(), samples, ppo, device, temperature=temperature)
                    if ppo.kl_coef > 0 else None)
             metrics = ppo_step(self.actor, self.critic, self.actor_opt, self.critic_opt, samples, ppo, device,
-                               ref_logprobs=ref, temperature=temperature)
+                               ref_logprobs=ref, temperature=temperature, demonstrations=demos)
         elif kind == "sft":
             metrics = sft_step(self.actor, self.actor_opt, samples, ppo, device)
         elif kind == "value":

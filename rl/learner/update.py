@@ -48,6 +48,13 @@ class PPOConfig(Struct, frozen=True, kw_only=True):
     """Largest change of a value per update in the clipped value loss; None = unclipped."""
     kl_coef: float = 0.0
     """Weight of the KL penalty to a reference policy (needs ref_logprobs); 0 = off."""
+    sft_coef: float = 0.0
+    """Weight of the mean NLL of the batch's demonstrations (`Sample.demonstration`: rft's samples,
+    which the PPO stage adds to each step's batch when this is above 0) in the actor's loss; 0 =
+    off. A small policy tells sibling tasks (softmax, log-softmax) apart by a few tokens of their
+    prompts: an update that raises one task's answer raises it in its sibling's nearly identical
+    context too. The demonstrations of every taught task pull each context back to its own answer
+    (InstructGPT's pretraining mix, "PPO-ptx", with rft's data)."""
     kl_estimator: str = "k3"
     """k1, k2 or k3 (see rl.learner.ppo.kl)."""
     entropy_coef: float = 0.0
@@ -150,13 +157,19 @@ def ppo_step(
     group=None,
     ref_logprobs: Sequence[Tensor] | None = None,
     temperature: float = 1.0,
+    demonstrations: Sequence[Sample] = (),
 ) -> dict[str, float]:
     """One PPO update of actor and critic on this rank's samples; global metrics.
 
     `ref_logprobs` (token-indexed per sample, like behaviour_logprobs) is needed when kl_coef > 0.
     `temperature`: the one the samples were drawn at; the policy whose ratios, KL and entropy the
     update computes is softmax(logits / temperature), the distribution the engine sampled from.
+    `demonstrations` (this rank's share of the batch's `Sample.demonstration`s) add sft_coef times
+    their mean NLL (at temperature 1, the distribution rft fitted) to the actor's loss; they take
+    no part in advantages or the critic.
     """
+    if demonstrations and cfg.sft_coef <= 0:
+        raise ValueError(f"{len(demonstrations)} demonstrations in a PPO batch need ppo.sft_coef > 0")
     values = compute_values(critic, samples, cfg, device, group=group)
     advantages, returns = advantages_and_returns(samples, values, cfg)
     by_group = group_rewards(samples, group)
@@ -174,11 +187,17 @@ def ppo_step(
         mbs = [mb.replace(old_logprobs=_no_grad_logprobs(actor, mb, temperature)) for mb in mbs]
     actions = _global_action_tokens(mbs, device, group)
     norm = max(actions, 1.0)
+    # every rank packs its demonstrations (maybe none) when any rank may have some: the collectives line up
+    anchor = ([mb.to(device) for mb in _aligned(micro_batches(demonstrations, cfg.token_budget), (), group)]
+              if cfg.sft_coef > 0 else [])
+    anchor_norm = max(_global_action_tokens(anchor, device, group), 1.0)
     m = _Metrics(device)
     for _ in range(cfg.updates_per_batch):
         for mb in mbs:
             _actor_loss(actor, mb, cfg, norm, m, temperature).backward()
             _critic_loss(critic, mb, cfg.value_clip, norm, m).backward()
+        for mb in anchor:
+            (cfg.sft_coef * _nll(actor, mb, anchor_norm, m, "sft_loss")).backward()
         m.max("grad_norm_actor", _clip_and_step(actor, actor_opt, cfg.max_grad_norm, m))
         m.max("grad_norm_critic", _clip_and_step(critic, critic_opt, cfg.max_grad_norm, m))
     out = m.result(group, updates=cfg.updates_per_batch, tokens=_global_tokens(mbs, device, group), actions=actions)
@@ -236,11 +255,7 @@ def sft_step(
     norm = max(actions, 1.0)
     m = _Metrics(device)
     for mb in mbs:
-        logprobs, entropy = actor(mb.input_ids, mb.position_ids, mb.targets, mask=mb.mask)  # [1, T]
-        loss = -ppo.masked_sum(logprobs, mb.mask) / norm
-        loss.backward()
-        m.add("sft_loss", loss.detach())
-        m.add("entropy", ppo.masked_sum(entropy.detach(), mb.mask) / norm)
+        _nll(actor, mb, norm, m, "sft_loss", entropy=True).backward()
     m.max("grad_norm_actor", _clip_and_step(actor, opt, cfg.max_grad_norm, m))
     return m.result(group, updates=1, tokens=_global_tokens(mbs, device, group), actions=actions)
 
@@ -307,6 +322,16 @@ def _actor_loss(
         m.add(name, stats[name])
     m.max("ratio_max", stats["ratio_max"])
     return total
+
+
+def _nll(actor: nn.Module, mb: MicroBatch, norm: float, m: _Metrics, name: str, *, entropy: bool = False) -> Tensor:
+    """The micro-batch's share of the mean NLL of its action tokens (recorded as `name`)."""
+    logprobs, ent = actor(mb.input_ids, mb.position_ids, mb.targets, mask=mb.mask)  # [1, T]
+    loss = -ppo.masked_sum(logprobs, mb.mask) / norm
+    m.add(name, loss.detach())
+    if entropy:
+        m.add("entropy", ppo.masked_sum(ent.detach(), mb.mask) / norm)
+    return loss
 
 
 def _critic_loss(critic: nn.Module, mb: MicroBatch, clip: float | None, norm: float, m: _Metrics) -> Tensor:
