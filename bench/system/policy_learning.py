@@ -56,6 +56,8 @@ import orjson
 from msgspec import Struct
 
 from agentcore import runtime
+from bench.system.heldout_changes import Change, changes
+from bench.system.heldout_changes import markdown_lines as change_lines
 from bench.system.heldout_failures import Failure, failures, ppo_failures, ppo_markdown_lines
 from bench.system.heldout_failures import markdown_lines as failure_lines
 from rl.config import TrainConfig, apply_overrides
@@ -122,6 +124,9 @@ class SeedResult(Struct, kw_only=True):
     (`bench.system.heldout_failures`)."""
     ppo_failures: list[Failure] = []
     """The PPO run's failing samples in groups of mixed rewards (`heldout_failures.ppo_failures`)."""
+    changes: list[Change] = []
+    """The held-out tasks PPO moved (passed after rft and failed after PPO, or the other way) and the
+    lines of code it changed in them (`bench.system.heldout_changes`)."""
     taught: int = 0
     """Teachers rft learnt from (`rl.stages.demonstrations`)."""
     ppo_pool: int = 0
@@ -175,10 +180,11 @@ def seed_result(seed: int, ppo: TrainConfig, control: TrainConfig, wall_s: float
     return SeedResult(seed=seed, ppo=_by_label(ppo.run_dir), control=_by_label(control.run_dir), wall_s=wall_s,
                       ppo_steps=ppo_steps(ppo.run_dir), heldout_new=heldout_new(ppo.run_dir),
                       failures={label: failures(ppo.run_dir, label) for label in FAILURE_ROWS},
-                      ppo_failures=ppo_failures(ppo.run_dir),
+                      ppo_failures=ppo_failures(ppo.run_dir), changes=changes(ppo.run_dir),
                       taught=len(teachers(ppo)), ppo_pool=len(ppo_tasks(training_tasks(ppo), ppo)),
                       ppo_shapes=list(ppo.data.ppo_shapes), ppo_temperature=ppo.rollout.temperature,
-                      dynamic_tasks=ppo.data.dynamic_tasks, ppo_sft_coef=ppo.ppo.sft_coef, memory_gib=learner_memory(ppo.run_dir))
+                      dynamic_tasks=ppo.data.dynamic_tasks, ppo_sft_coef=ppo.ppo.sft_coef,
+                      memory_gib=learner_memory(ppo.run_dir))
 
 
 def heldout_new(run_dir: str | Path) -> dict[str, str]:
@@ -422,6 +428,7 @@ def markdown(results: list[SeedResult], policy: str, v: dict[str, Any]) -> str:
     lines += _by_new_lines(results)
     trained = {t for r in results for t, kind in r.heldout_new.items() if kind in NEW_GROUPS[0][1]}
     lines += failure_lines(((r.seed, r.failures) for r in results), trained)
+    lines += change_lines((r.seed, r.changes) for r in results)
     if steps := max((len(r.ppo_steps) for r in results), default=0):
         anchored = any(x.sft_loss is not None for r in results for x in r.ppo_steps)
         lines += ["", "PPO steps on the training split (rollout mean reward / pass rate), and over the steps: the "
