@@ -21,7 +21,7 @@
 #   tar xzf learning_runs.tgz -C DIR && python -m bench.system.learning --policy smollm2-135m --seeds 3 \
 #       --out DIR/out --set KEY=VALUE ... --report   (the run's own SETS)
 source "$(dirname "$0")/preamble.sh"
-L=/tmp/learning
+L=${LEARNING_DIR:-/tmp/learning}  # another folder per lane runs two benchmarks side by side on a 2-GPU machine
 if [ ! -f $L/started ]; then
   rm -rf $L; mkdir -p $L; touch $L/started
   EXTRA=""; for kv in ${SETS:-}; do EXTRA="$EXTRA --set $kv"; done
