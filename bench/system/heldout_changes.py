@@ -26,6 +26,7 @@ from msgspec import Struct
 
 from agentcore.store import read_trajectories
 from agentcore.types import EditFile, Trajectory, WriteFile
+from bench.system.heldout_failures import passed, verdict_status
 
 LINE_CHARS = 120
 HUNKS = 2
@@ -96,10 +97,9 @@ def changes(run_dir: str | Path, before: str = "after_rft", after: str = "after_
     out = []
     for task_id in sorted(first.keys() & second.keys()):
         a, b = first[task_id], second[task_id]
-        if _passed(a) == _passed(b):
+        if passed(a.reward) == passed(b.reward):
             continue
-        status = str(b.reward_info.get("status") or b.status.value)
-        out.append(Change(task_id=task_id, before=a.reward, after=b.reward, status=status,
+        out.append(Change(task_id=task_id, before=a.reward, after=b.reward, status=verdict_status(b),
                           lines=line_changes(written_files(a), written_files(b))))
     return out
 
@@ -113,18 +113,10 @@ def markdown_lines(seeds: Iterable[tuple[int, list[Change]]]) -> list[str]:
                  "the first differing lines of each file the model wrote):", ""]
     for seed, cs in seeds:
         for c in cs:
-            way = "failed -> passed" if _reward_passed(c.after) else f"passed -> failed ({c.status})"
+            way = "failed -> passed" if passed(c.after) else f"passed -> failed ({c.status})"
             edits = "; ".join(f"`{x.path}`: {_code(x.before)} -> {_code(x.after)}" for x in c.lines)
             lines.append(f"- seed {seed}, `{c.task_id}`, {way}: {edits or 'no file differs'}")
     return lines
-
-
-def _passed(traj: Trajectory) -> bool:
-    return _reward_passed(traj.reward)
-
-
-def _reward_passed(reward: float | None) -> bool:
-    return reward is not None and reward >= 1.0
 
 
 def _joined(lines: list[str]) -> str:

@@ -57,7 +57,7 @@ def failures(run_dir: str | Path, label: str) -> list[Failure]:
     """The failed trajectories of the held-out evaluation `label` of a run ([] without its file;
     `agentcore.store.read_trajectories` skips a line cut by a killed run)."""
     trajs = read_trajectories(Path(run_dir) / "rollouts" / f"heldout_{label}.jsonl")
-    return [_failure(t) for t in trajs if t.reward is None or t.reward < 1.0]
+    return [_failure(t) for t in trajs if not passed(t.reward)]
 
 
 def ppo_failures(run_dir: str | Path) -> list[Failure]:
@@ -68,8 +68,18 @@ def ppo_failures(run_dir: str | Path) -> list[Failure]:
     return [_failure(t) for t in trajs if t.group_id in mixed and t.reward is not None and t.reward < 1.0]
 
 
+def passed(reward: float | None) -> bool:
+    """A trajectory that passed: a scored reward of at least 1 (a correct kernel)."""
+    return reward is not None and reward >= 1.0
+
+
+def verdict_status(traj: Trajectory) -> str:
+    """The final evaluation's status of a trajectory (ok, compile_error, ...), else the rollout's own."""
+    return str(traj.reward_info.get("status") or traj.status.value)
+
+
 def _failure(traj: Trajectory) -> Failure:
-    status = str(traj.reward_info.get("status") or traj.status.value)
+    status = verdict_status(traj)
     message = str(traj.reward_info.get("message") or traj.error or "")
     return Failure(task_id=traj.task_id, status=status, reason=reason_line(message))
 
@@ -113,4 +123,5 @@ def markdown_lines(seeds: Iterable[tuple[int, dict[str, list[Failure]]]], traine
     return lines
 
 
-__all__ = ["Failure", "failures", "markdown_lines", "ppo_failures", "ppo_markdown_lines", "reason_line"]
+__all__ = ["Failure", "failures", "markdown_lines", "passed", "ppo_failures", "ppo_markdown_lines", "reason_line",
+           "verdict_status"]

@@ -58,7 +58,7 @@ from msgspec import Struct
 from agentcore import runtime
 from bench.system.heldout_changes import Change, changes
 from bench.system.heldout_changes import markdown_lines as change_lines
-from bench.system.heldout_failures import Failure, failures, ppo_failures, ppo_markdown_lines
+from bench.system.heldout_failures import Failure, failures, passed, ppo_failures, ppo_markdown_lines
 from bench.system.heldout_failures import markdown_lines as failure_lines
 from rl.config import TrainConfig, apply_overrides
 from rl.heldout import FILE as HELDOUT_FILE
@@ -460,18 +460,13 @@ NEW_GROUPS = (("trained ops", ("shape", "chain")), ("new op", ("op",)))
 """How the report groups held-out tasks by what is new in them (`SeedResult.heldout_new`)."""
 
 
-def _passed(reward: float | None) -> bool:
-    """A held-out trajectory that passed: a scored reward of at least 1 (correct)."""
-    return reward is not None and reward >= 1.0
-
-
 def passes_by_new(row: Row, new: dict[str, str]) -> dict[str, tuple[int, int]]:
     """group -> (trajectories passed, trajectories) of `row` over the held-out tasks of each of
-    NEW_GROUPS (`_passed`)."""
+    NEW_GROUPS (`heldout_failures.passed`)."""
     counts = {}
     for group, kinds in NEW_GROUPS:
         rewards = [r for task, rs in row.by_task.items() if new.get(task) in kinds for r in rs]
-        counts[group] = (sum(map(_passed, rewards)), len(rewards))
+        counts[group] = (sum(map(passed, rewards)), len(rewards))
     return counts
 
 
@@ -496,7 +491,7 @@ def _by_new_lines(results: list[SeedResult]) -> list[str]:
         room = "-"
         if (rft := r.ppo.get("after_rft")) is not None:
             trained = [t for t, kind in r.heldout_new.items() if kind in NEW_GROUPS[0][1] and t in rft.by_task]
-            failed = sum(not any(map(_passed, rft.by_task[t])) for t in trained)
+            failed = sum(not any(map(passed, rft.by_task[t])) for t in trained)
             room = f"{failed} of {len(trained)}"
         lines.append(f"| {r.seed} | " + " | ".join(cells) + f" | {room} |")
     return lines

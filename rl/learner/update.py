@@ -53,8 +53,8 @@ class PPOConfig(Struct, frozen=True, kw_only=True):
     which the PPO stage adds to each step's batch when this is above 0) in the actor's loss; 0 =
     off. A small policy tells sibling tasks (softmax, log-softmax) apart by a few tokens of their
     prompts: an update that raises one task's answer raises it in its sibling's nearly identical
-    context too. The demonstrations of every taught task pull each context back to its own answer
-    (InstructGPT's pretraining mix, "PPO-ptx", with rft's data)."""
+    context too. The demonstrations of every taught task are meant to pull each context back to its
+    own answer (InstructGPT's pretraining mix, "PPO-ptx", with rft's data)."""
     kl_estimator: str = "k3"
     """k1, k2 or k3 (see rl.learner.ppo.kl)."""
     entropy_coef: float = 0.0
