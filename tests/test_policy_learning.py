@@ -263,7 +263,7 @@ def test_one_seed_of_plumbing_on_the_cpu(tmp_path: Path):
     assert (seed["taught"], seed["ppo_pool"], seed["ppo_shapes"]) == (3, 27, [1])  # CPU_FAMILIES' split
     assert "rft learnt from 3 teachers; PPO drew its steps from 27 training tasks (`data.ppo_shapes=[1]`" in (
         tmp_path / "learning.md").read_text()
-    assert (seed["ppo_temperature"], seed["dynamic_tasks"], seed["ppo_sft_coef"]) == (1.0, 0, 0.0)
+    assert (seed["ppo_temperature"], seed["dynamic_tasks"], seed["ppo_sft_coef"], seed["ppo_policy_coef"]) == (1.0, 0, 0.0, 1.0)
     assert (tmp_path / "learning.png").stat().st_size > 0
     control = read_rows(tmp_path / "seed0" / "control")
     assert [r.label for r in control] == ["before_ppo", "after_ppo"]
@@ -371,6 +371,10 @@ def test_the_report_says_how_ppo_sampled():
     anchored = msgspec.structs.replace(result, ppo_sft_coef=0.5)
     assert ("temperature 0.7. Each PPO update also imitated a batch of rft's demonstrations, their NLL weighted 0.5 "
             "(`ppo.sft_coef`).") in markdown([anchored], "smollm2-135m", verdicts([anchored]))
+    assert "policy_coef" not in markdown([anchored], "smollm2-135m", verdicts([anchored]))
+    ablation = msgspec.structs.replace(anchored, ppo_policy_coef=0.0)
+    assert ("(`ppo.sft_coef`). PPO's surrogate was weighted 0 (`ppo.policy_coef`): the actor learnt from the "
+            "demonstrations alone") in markdown([ablation], "smollm2-135m", verdicts([ablation]))
 
 
 def test_the_report_lists_each_seeds_ppo_steps_from_its_metrics(tmp_path):

@@ -366,6 +366,22 @@ def test_demonstrations_add_sft_coef_times_their_nll_gradient_to_the_actors(mode
         assert m[key] == pytest.approx(plain[key], rel=1e-6), key
 
 
+def test_policy_coef_0_leaves_the_actor_the_demonstrations_alone(models):
+    """ppo.policy_coef=0 (the anchor's ablation): the actor's gradient is sft_coef times the NLL's,
+    the rewards take no part in it; the critic's is PPO's as before."""
+    actor, _ = models
+    _, ppo_critic, _ = grads(models, batch())
+    nll = Recorder(actor.parameters())
+    sft_step(actor, nll, _demos(), EXACT, "cpu")
+    cfg = msgspec.structs.replace(EXACT, sft_coef=2.0, policy_coef=0.0)
+    got_actor, got_critic, m = grads(models, batch(), cfg, demonstrations=_demos())
+    assert_same(got_actor, [2.0 * d for d in nll.grads], atol=1e-5)
+    assert_same(got_critic, ppo_critic)
+    flipped = [msgspec.structs.replace(s, reward=-s.reward) for s in batch()]
+    assert_same(grads(models, flipped, cfg, demonstrations=_demos())[0], got_actor, atol=1e-5)
+    assert m["policy_loss"] != 0.0  # still computed and logged
+
+
 def test_demonstrations_without_sft_coef_are_refused(models):
     with pytest.raises(ValueError, match="sft_coef"):
         grads(models, batch(), demonstrations=_demos())

@@ -139,6 +139,8 @@ class SeedResult(Struct, kw_only=True):
     """`data.dynamic_tasks`: the most tasks a PPO step draws on top of its own (0: no dynamic sampling)."""
     ppo_sft_coef: float = 0.0
     """`ppo.sft_coef`: the weight of rft's demonstrations' NLL in each PPO update (0: none)."""
+    ppo_policy_coef: float = 1.0
+    """`ppo.policy_coef`: the weight of PPO's surrogate in the actor's loss (0: the anchor's ablation)."""
     memory_gib: list[float] = []
     """The PPO run's learner on its GPU, at most over its updates: [peak allocated, cached] GiB
     (`train/gpu_peak_gib`, `train/gpu_reserved_gib`); [] on a CPU or before the first update."""
@@ -184,6 +186,7 @@ def seed_result(seed: int, ppo: TrainConfig, control: TrainConfig, wall_s: float
                       taught=len(teachers(ppo)), ppo_pool=len(ppo_tasks(training_tasks(ppo), ppo)),
                       ppo_shapes=list(ppo.data.ppo_shapes), ppo_temperature=ppo.rollout.temperature,
                       dynamic_tasks=ppo.data.dynamic_tasks, ppo_sft_coef=ppo.ppo.sft_coef,
+                      ppo_policy_coef=ppo.ppo.policy_coef,
                       memory_gib=learner_memory(ppo.run_dir))
 
 
@@ -392,6 +395,10 @@ def markdown(results: list[SeedResult], policy: str, v: dict[str, Any]) -> str:
         dynamic = f", up to {first.dynamic_tasks} more a step (dynamic sampling)" if first.dynamic_tasks else ""
         anchor = (f" Each PPO update also imitated a batch of rft's demonstrations, their NLL weighted "
                   f"{first.ppo_sft_coef:g} (`ppo.sft_coef`).") if first.ppo_sft_coef else ""
+        if first.ppo_policy_coef != 1.0:
+            anchor += (f" PPO's surrogate was weighted {first.ppo_policy_coef:g} (`ppo.policy_coef`)"
+                       + (": the actor learnt from the demonstrations alone, the rollouts and their "
+                          "rewards did not move it." if first.ppo_policy_coef == 0 else "."))
         lines += [f"rft learnt from {first.taught} teachers; PPO drew its steps from {first.ppo_pool} training "
                   f"tasks{split}{dynamic}, its rollouts sampled at temperature {first.ppo_temperature:g}.{anchor}",
                   ""]

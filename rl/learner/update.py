@@ -55,6 +55,10 @@ class PPOConfig(Struct, frozen=True, kw_only=True):
     prompts: an update that raises one task's answer raises it in its sibling's nearly identical
     context too. The demonstrations of every taught task are meant to pull each context back to its
     own answer (InstructGPT's pretraining mix, "PPO-ptx", with rft's data)."""
+    policy_coef: float = 1.0
+    """Weight of the PPO surrogate in the actor's loss. 0 with sft_coef > 0 leaves the actor the
+    demonstrations' NLL alone: the anchor's own effect, the ablation that says how much of a
+    PPO-with-anchor run's change the rewards made (the critic still learns its returns)."""
     kl_estimator: str = "k3"
     """k1, k2 or k3 (see rl.learner.ppo.kl)."""
     entropy_coef: float = 0.0
@@ -307,7 +311,7 @@ def _actor_loss(
         tis_weights=weights if cfg.tis_cap is not None else None, normalizer=norm,
     )  # fmt: skip
     m.add("policy_loss", loss.detach())
-    total = loss
+    total = cfg.policy_coef * loss
     if cfg.kl_coef > 0:
         kl = ppo.masked_sum(ppo.kl(logprobs, mb.ref_logprobs, cfg.kl_estimator), mb.mask) / norm
         m.add("kl", kl.detach())
