@@ -323,7 +323,7 @@ def test_seeds_sharing_a_gpu_split_ninety_percent_of_its_memory():
 @pytest.mark.slow
 def test_seeds_run_at_once_one_child_per_gpu(tmp_path: Path):
     # Two "GPUs" that are only CUDA_VISIBLE_DEVICES values: the children run on the CPU.
-    code = main_policy("tiny", 2, tmp_path, [], cpu=True, gpus=["0", "1"])
+    code = main_policy("tiny", 2, tmp_path, [], cpu=True, gpus=["0", "1"], port_base=33100)
     assert code == 1
     doc = orjson.loads((tmp_path / "learning.json").read_bytes())
     assert [seed["seed"] for seed in doc["seeds"]] == [0, 1]
@@ -333,7 +333,9 @@ def test_seeds_run_at_once_one_child_per_gpu(tmp_path: Path):
     for seed in (0, 1):
         log = (tmp_path / f"seed{seed}" / "seed.log").read_text()
         assert f"seed {seed}: CUDA_VISIBLE_DEVICES={seed}" in log  # each child sees its own GPU
-        assert load_config(tmp_path / f"seed{seed}" / "ppo").layout.learner_memory_share == 0.9  # a GPU of its own
+        layout = load_config(tmp_path / f"seed{seed}" / "ppo").layout
+        assert layout.learner_memory_share == 0.9  # a GPU of its own
+        assert layout.port_base == 33100 + 16 * seed  # each lane's learner on its own ports, from the given base
         stamps = re.findall(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ", log, re.MULTILINE)
         spans.append((stamps[0], stamps[-1]))
     assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]  # the two seeds ran at the same time

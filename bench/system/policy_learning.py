@@ -83,7 +83,8 @@ CPU_FAMILIES = ["data.tasks=families", "data.family_scale=0.01", "data.heldout=t
 FAILURE_ROWS = ("after_rft", "after_ppo")
 """The PPO run's held-out rows whose failed trajectories the report explains."""
 PORT_BASE = 31000
-"""Seeds running at once: the child on the k-th GPU serves its learner on PORT_BASE + 16 k."""
+"""Seeds running at once: the child on the k-th GPU serves its learner on port_base + 16 k, port_base
+this by default; two benchmarks on one machine need bases at least 16 x their GPUs apart."""
 
 log = logging.getLogger("cuda-agent.learning")
 
@@ -548,7 +549,7 @@ def base_config(policy: str, *, cpu: bool = False) -> TrainConfig:
 
 
 def main_policy(policy: str, seeds: int, out: Path, overrides: list[str], *, cpu: bool = False,
-                gpus: list[str] | None = None) -> int:
+                gpus: list[str] | None = None, port_base: int = PORT_BASE) -> int:
     """Run every seed (with `gpus`, one child per GPU at once), then write learning.{json,md,png}
     in `out`; 0 when both targets are met."""
     _log_setup()
@@ -562,7 +563,7 @@ def main_policy(policy: str, seeds: int, out: Path, overrides: list[str], *, cpu
             from rl.pretrained import resolve_model
 
             resolve_model(base.model.path)
-        results = runtime.run(_seeds_on_gpus, policy, seeds, out, overrides, cpu, gpus)
+        results = runtime.run(_seeds_on_gpus, policy, seeds, out, overrides, cpu, gpus, port_base)
     else:
         results = []
         for seed in range(seeds):
@@ -596,7 +597,7 @@ def _report(out: Path, policy: str, results: list[SeedResult], wall_s: float | N
 
 
 async def _seeds_on_gpus(policy: str, seeds: int, out: Path, overrides: list[str], cpu: bool,
-                         gpus: list[str]) -> list[SeedResult]:
+                         gpus: list[str], port_base: int = PORT_BASE) -> list[SeedResult]:
     """Seeds k, k + len(gpus), ... one after another on gpus[k], the lanes at once; the report is
     rewritten as each seed ends. A child that fails leaves its seed with the rows it wrote."""
     base, results = base_config(policy, cpu=cpu), []
@@ -611,7 +612,7 @@ async def _seeds_on_gpus(policy: str, seeds: int, out: Path, overrides: list[str
                      "is there" if shared_parts_ready(base, out, overrides, k) else "did not come (seed 0 ended)")
         for seed in range(k, seeds, len(gpus)):
             t0 = time.monotonic()
-            lane_sets = [f"layout.port_base={PORT_BASE + 16 * k}",
+            lane_sets = [f"layout.port_base={port_base + 16 * k}",
                          f"layout.learner_memory_share={memory_share(gpus, gpu)}"]
             code = await _child(policy, seed, out, [*lane_sets, *overrides], cpu, gpu)
             if code:
