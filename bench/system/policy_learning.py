@@ -83,8 +83,8 @@ CPU_FAMILIES = ["data.tasks=families", "data.family_scale=0.01", "data.heldout=t
 FAILURE_ROWS = ("after_rft", "after_ppo")
 """The PPO run's held-out rows whose failed trajectories the report explains."""
 PORT_BASE = 31000
-"""Seeds running at once: the child on the k-th GPU serves its learner on port_base + 16 k, port_base
-this by default; two benchmarks on one machine need bases at least 16 x their GPUs apart."""
+"""The default first learner port of seeds running at once: the child on the k-th GPU serves its
+learner on port_base + 16 k. Two benchmarks on one machine need bases 16 x their GPUs apart."""
 
 log = logging.getLogger("cuda-agent.learning")
 
