@@ -1,5 +1,7 @@
 """A record, not a maintained tool: which half of a PPO update on log-softmax at s1 moves softmax's formula in
-the softmax s3 context (SmolLM2-135M, CPU)? The failing samples pushed down, or the passing ones pushed up."""
+the softmax s3 context (SmolLM2-135M, CPU)? The failing samples pushed down, or the passing ones pushed up; and
+PPO with `ppo.sft_coef` C. Variants KEEP:C (KEEP: all, neg or pos), from the 12 SFT steps or from the weights a
+first run saved:  python leak_halves.py neg:0,pos:0 2   then   python leak_halves.py all:10 2 /tmp/probe39/post_sft.pt"""
 import copy
 import sys
 import time
@@ -85,23 +87,32 @@ actor = build_actor(cfg, 'cpu')
 critic = build_critic(cfg, 'cpu')
 opt = torch.optim.AdamW(actor.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.0)
 t0 = time.time()
-for k in range(12):
-    for g in opt.param_groups:
-        g['lr'] = 1e-4 * (1 - k / 12)
-    m = sft_step(actor, opt, demos, PPOConfig(token_budget=8192), 'cpu')
-    print('sft', k, round(m['sft_loss'], 4), round(time.time() - t0), flush=True)
+if len(sys.argv) > 3:
+    saved = torch.load(sys.argv[3])
+    actor.load_state_dict(saved['actor'])
+    opt.load_state_dict(saved['opt'])
+    del saved
+else:
+    for k in range(12):
+        for g in opt.param_groups:
+            g['lr'] = 1e-4 * (1 - k / 12)
+        m = sft_step(actor, opt, demos, PPOConfig(token_budget=8192), 'cpu')
+        print('sft', k, round(m['sft_loss'], 4), round(time.time() - t0), flush=True)
+    torch.save({'actor': actor.state_dict(), 'opt': opt.state_dict()}, '/tmp/probe39/post_sft.pt')
 print('after sft', probe(actor), flush=True)
-torch.save({'actor': actor.state_dict(), 'opt': opt.state_dict()}, '/tmp/probe39/post_sft.pt')
 state = copy.deepcopy(actor.state_dict())
 ostate = copy.deepcopy(opt.state_dict())
-for keep in sys.argv[1].split(','):
+for variant in sys.argv[1].split(','):
+    keep, coef = variant.split(':')[0], float(variant.split(':')[1])
     actor.load_state_dict(state)
     opt.load_state_dict(ostate)
     for g in opt.param_groups:
         g['lr'] = 1e-5
     copt = torch.optim.AdamW(critic.parameters(), lr=1e-5)
     upd.group_advantages = halves(keep)
-    pcfg = PPOConfig(token_budget=8192, baseline='group', lam=1.0)
+    pcfg = PPOConfig(token_budget=8192, baseline='group', lam=1.0, sft_coef=coef)
     for step in range(int(sys.argv[2])):
-        ppo_step(actor, critic, opt, copt, rollouts, pcfg, 'cpu', temperature=0.7)
-        print('keep', keep, 'step', step, probe(actor), round(time.time() - t0), flush=True)
+        m = ppo_step(actor, critic, opt, copt, rollouts, pcfg, 'cpu', temperature=0.7,
+                     demonstrations=demos if coef > 0 else ())
+        print('keep', keep, 'coef', coef, 'step', step, probe(actor), 'sft_loss',
+              round(m.get('sft_loss', float('nan')), 4), round(time.time() - t0), flush=True)
