@@ -84,7 +84,7 @@ class LearnerGroup:
     def __init__(self, cfg: TrainConfig, run_dir: Path) -> None:
         self.cfg, self.run_dir = cfg, run_dir
         self.world_size = max(1, len(cfg.layout.learner_gpus))
-        self.port_base = cfg.layout.port_base or _free_port_run(self.world_size)
+        self.port_base = cfg.layout.port_base or free_port_run(self.world_size)
         self.urls = [f"http://127.0.0.1:{self.port_base + r}" for r in range(self.world_size)]
         self.log_path = run_dir / "learner.log"
         self.launch_id = secrets.token_hex(8)  # names this start's ranks in their /health
@@ -289,7 +289,7 @@ def learner_devices(gpus: tuple[int, ...], visible: str | None) -> str:
     return ",".join(devices[g] if devices else str(g) for g in gpus)
 
 
-def _free_port_run(n: int, start: int | None = None) -> int:
+def free_port_run(n: int, start: int | None = None) -> int:
     """First port p >= start with p .. p+n-1 all free on loopback. The ranks bind later, so two
     runs started at once could both find the same ports free: `start` is drawn at random (20000 to
     50000) unless given, and the search wraps around once."""

@@ -101,6 +101,6 @@ def test_learner_ports_start_at_random_and_the_search_wraps_around(monkeypatch):
     import rl.learner_client as lc
 
     monkeypatch.setattr(lc, "port_free", lambda host, port: not 59000 <= port < 60000)
-    assert lc._free_port_run(2, start=59000) == 20000  # nothing free above: wrapped
-    bases = {lc._free_port_run(2) for _ in range(20)}
+    assert lc.free_port_run(2, start=59000) == 20000  # nothing free above: wrapped
+    bases = {lc.free_port_run(2) for _ in range(20)}
     assert len(bases) > 1 and all(20000 <= b < 50000 for b in bases)

@@ -18,7 +18,7 @@ from rl.config import apply_overrides, save_config
 from rl.engine.http import HttpServer
 from rl.learner.protocol import HEALTH
 from rl.learner.rank import Rank
-from rl.learner_client import LearnerError, LearnerGroup, _free_port_run
+from rl.learner_client import LearnerError, LearnerGroup, free_port_run
 from rl.recipes import smoke_cpu
 
 BOUND_S = 120  # a hang guard only: the startup timeout is 30 min
@@ -76,7 +76,7 @@ async def test_another_runs_learner_on_the_port_fails_the_start_at_once(tmp_path
 
 
 def test_a_rank_that_cannot_bind_its_port_exits_naming_it(tmp_path):
-    base = _free_port_run(2)
+    base = free_port_run(2)
     with socket.socket() as holder:  # rank 1's port, taken by a process that is no learner
         holder.bind(("127.0.0.1", base + 1))
         holder.listen()

@@ -21,12 +21,12 @@
 #   tar xzf learning_runs.tgz -C DIR && python -m bench.system.learning --policy smollm2-135m --seeds 3 \
 #       --out DIR/out --set KEY=VALUE ... --report   (the run's own SETS)
 source "$(dirname "$0")/preamble.sh"
-L=${LEARNING_DIR:-/tmp/learning}  # another folder (and PORT_BASE) per lane: two benchmarks side by side on a 2-GPU machine
+L=${LEARNING_DIR:-/tmp/learning}  # another folder per lane runs two benchmarks side by side on a 2-GPU machine
 if [ ! -f $L/started ]; then
   rm -rf $L; mkdir -p $L; touch $L/started
   EXTRA=""; for kv in ${SETS:-}; do EXTRA="$EXTRA --set $kv"; done
   [ -n "${GPUS:-}" ] && EXTRA="$EXTRA --gpus $GPUS"
-  [ -n "${PORT_BASE:-}" ] && EXTRA="$EXTRA --port-base $PORT_BASE"  # a second benchmark on the machine: other ports
+  [ -n "${PORT_BASE:-}" ] && EXTRA="$EXTRA --port-base $PORT_BASE"  # the learners' ports (default: a free range)
   setsid bash -c "python3 -m bench.system.learning --policy smollm2-135m --seeds ${SEEDS:-3} --out $L/out $EXTRA \
     > $L/learning.log 2>&1; echo rc \$? > $L/done" < /dev/null > /dev/null 2>&1 &
 fi

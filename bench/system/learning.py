@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from msgspec import Struct
 
-from bench.system.policy_learning import PORT_BASE, main_policy, main_report
+from bench.system.policy_learning import main_policy, main_report
 from rl.learner.models import ModelConfig, build_actor, build_critic, tiny_qwen2_config
 from rl.learner.update import PPOConfig, ppo_step
 from rl.samples import Sample
@@ -138,9 +138,9 @@ def main() -> None:
                         help="--policy: GPUs (e.g. 0,1,2, or 0,0,0: three at once on one GPU) that run seeds at "
                              "once, one child process per entry (CUDA_VISIBLE_DEVICES); default: one seed after "
                              "another in this process")
-    parser.add_argument("--port-base", type=int, default=PORT_BASE,
-                        help="--gpus: the learner port of the first entry's seeds (the k-th: +16 k); a second "
-                             "benchmark on the same machine needs its own range")
+    parser.add_argument("--port-base", type=int,
+                        help="--gpus: the learner port of the first entry's seeds (the k-th: +16 k); default: a "
+                             "free range drawn at random")
     parser.add_argument("--cpu", action="store_true",
                         help="--policy: the smoke_cpu recipe (fake kernel environment; plumbing only)")
     parser.add_argument("--report", action="store_true",

@@ -64,7 +64,7 @@ from rl.config import TrainConfig, apply_overrides
 from rl.heldout import FILE as HELDOUT_FILE
 from rl.heldout import Row, append_row, expected_labels, read_rows
 from rl.heldout import enabled as heldout_enabled
-from rl.learner_client import learner_devices
+from rl.learner_client import free_port_run, learner_devices
 from rl.metrics import read_metrics
 from rl.recipes import learning, smoke_cpu
 from rl.stages import demonstrations, ppo_tasks, stage_plan, training_tasks
@@ -82,9 +82,8 @@ CPU_FAMILIES = ["data.tasks=families", "data.family_scale=0.01", "data.heldout=t
 """The smoke_cpu recipe on toy-sized family tasks: the plumbing of this benchmark on a CPU."""
 FAILURE_ROWS = ("after_rft", "after_ppo")
 """The PPO run's held-out rows whose failed trajectories the report explains."""
-PORT_BASE = 31000
-"""The default first learner port of seeds running at once: the child on the k-th GPU serves its
-learner on port_base + 16 k. Two benchmarks on one machine need bases 16 x their GPUs apart."""
+PORTS_PER_LANE = 16
+"""Seeds running at once: the child on the k-th GPU serves its learner on port_base + 16 k."""
 
 log = logging.getLogger("cuda-agent.learning")
 
@@ -549,9 +548,10 @@ def base_config(policy: str, *, cpu: bool = False) -> TrainConfig:
 
 
 def main_policy(policy: str, seeds: int, out: Path, overrides: list[str], *, cpu: bool = False,
-                gpus: list[str] | None = None, port_base: int = PORT_BASE) -> int:
+                gpus: list[str] | None = None, port_base: int | None = None) -> int:
     """Run every seed (with `gpus`, one child per GPU at once), then write learning.{json,md,png}
-    in `out`; 0 when both targets are met."""
+    in `out`; 0 when both targets are met. The children's learners listen from `port_base` on (None:
+    a free range drawn at random, so that two benchmarks on one machine keep apart)."""
     _log_setup()
     t0 = time.monotonic()
     base = base_config(policy, cpu=cpu)
@@ -563,6 +563,8 @@ def main_policy(policy: str, seeds: int, out: Path, overrides: list[str], *, cpu
             from rl.pretrained import resolve_model
 
             resolve_model(base.model.path)
+        port_base = port_base or free_port_run(PORTS_PER_LANE * len(gpus))
+        log.info("learners of the seeds at once from port %d (%d a GPU entry)", port_base, PORTS_PER_LANE)
         results = runtime.run(_seeds_on_gpus, policy, seeds, out, overrides, cpu, gpus, port_base)
     else:
         results = []
@@ -597,7 +599,7 @@ def _report(out: Path, policy: str, results: list[SeedResult], wall_s: float | N
 
 
 async def _seeds_on_gpus(policy: str, seeds: int, out: Path, overrides: list[str], cpu: bool,
-                         gpus: list[str], port_base: int = PORT_BASE) -> list[SeedResult]:
+                         gpus: list[str], port_base: int) -> list[SeedResult]:
     """Seeds k, k + len(gpus), ... one after another on gpus[k], the lanes at once; the report is
     rewritten as each seed ends. A child that fails leaves its seed with the rows it wrote."""
     base, results = base_config(policy, cpu=cpu), []
@@ -612,7 +614,7 @@ async def _seeds_on_gpus(policy: str, seeds: int, out: Path, overrides: list[str
                      "is there" if shared_parts_ready(base, out, overrides, k) else "did not come (seed 0 ended)")
         for seed in range(k, seeds, len(gpus)):
             t0 = time.monotonic()
-            lane_sets = [f"layout.port_base={port_base + 16 * k}",
+            lane_sets = [f"layout.port_base={port_base + PORTS_PER_LANE * k}",
                          f"layout.learner_memory_share={memory_share(gpus, gpu)}"]
             code = await _child(policy, seed, out, [*lane_sets, *overrides], cpu, gpu)
             if code:
