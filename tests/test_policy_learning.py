@@ -263,7 +263,8 @@ def test_one_seed_of_plumbing_on_the_cpu(tmp_path: Path):
     assert (seed["taught"], seed["ppo_pool"], seed["ppo_shapes"]) == (3, 27, [1])  # CPU_FAMILIES' split
     assert "rft learnt from 3 teachers; PPO drew its steps from 27 training tasks (`data.ppo_shapes=[1]`" in (
         tmp_path / "learning.md").read_text()
-    assert (seed["ppo_temperature"], seed["dynamic_tasks"], seed["ppo_sft_coef"], seed["ppo_policy_coef"]) == (1.0, 0, 0.0, 1.0)
+    assert (seed["ppo_temperature"], seed["dynamic_tasks"], seed["ppo_sft_coef"], seed["ppo_policy_coef"]) == (
+        1.0, 0, 0.0, 1.0)
     assert (tmp_path / "learning.png").stat().st_size > 0
     control = read_rows(tmp_path / "seed0" / "control")
     assert [r.label for r in control] == ["before_ppo", "after_ppo"]

@@ -65,7 +65,7 @@ def ppo_failures(run_dir: str | Path) -> list[Failure]:
     sampling's rounds included): the answers PPO's updates pushed down against their group's."""
     trajs = [t for path in sorted((Path(run_dir) / "rollouts").glob("ppo_*.jsonl")) for t in read_trajectories(path)]
     mixed = mixed_groups(trajs)
-    return [_failure(t) for t in trajs if t.group_id in mixed and t.reward is not None and t.reward < 1.0]
+    return [_failure(t) for t in trajs if t.group_id in mixed and t.reward is not None and not passed(t.reward)]
 
 
 def passed(reward: float | None) -> bool:
